@@ -1,0 +1,11 @@
+"""Test setup: 8 emulated CPU devices, set before jax is imported anywhere."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import flags  # noqa: E402
+
+# Grain worker processes and absl-aware code read flags; mark them parsed outside absl.app.run.
+flags.FLAGS.mark_as_parsed()
