@@ -1,0 +1,136 @@
+"""Compressed Convolutional (Grouped-Query) Attention, CCA/CCGQA (§5; arXiv 2510.04476).
+
+Shapes: B batch, S sequence, H hidden, n_q / n_kv query / key-value heads of width d,
+G = n_q / n_kv, C = (n_q + n_kv)·d packed conv channels, k0 / k1 the two conv kernel sizes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from zaya_jax.model import layers
+
+
+def conv_halo_len(k0: int, k1: int) -> int:
+    """Zeros padded once on the left of the packed q‖k input: (k0 − 1) + (k1 − 1) (= 2 for ZAYA1)."""
+    return (k0 - 1) + (k1 - 1)
+
+
+def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array, b2: jax.Array) -> jax.Array:
+    """The two *valid* convolutions of §5c on an already left-padded packed input.
+
+    c_padded: [B, S + halo, C] (halo = zeros for a sequence start, or the previous raw q‖k vectors);
+    w1: [k0, C] depthwise taps (tap 0 = oldest); b1: [C]; w2: [k1, G_c, d, d] grouped taps, G_c = C / d;
+    b2: [C]. Returns z: [B, S, C]. Padding once (not per conv) keeps y_{-1} = b1, as the reference does.
+    """
+    k0, k1 = w1.shape[0], w2.shape[0]
+    n_groups, d = w2.shape[1], w2.shape[2]
+    len_y = c_padded.shape[1] - k0 + 1
+    y = b1 + sum(c_padded[:, tau:tau + len_y] * w1[tau] for tau in range(k0))  # [B, S + k1 - 1, C]
+    seq = len_y - k1 + 1
+    y = y.reshape(*y.shape[:2], n_groups, d)
+    z = sum(jnp.einsum("btgi,gio->btgo", y[:, tau:tau + seq], w2[tau]) for tau in range(k1))
+    return z.reshape(*z.shape[:2], n_groups * d) + b2
+
+
+def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
+    """`scale · x / max(‖x‖₂, eps)` over the last axis, in fp32 (§5f)."""
+    x32 = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
+    return x32 * (scale / jnp.maximum(norm, eps))
+
+
+def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array = 0) -> jax.Array:
+    """Grouped-query causal softmax attention in fp32 logits (§5h).
+
+    q: [B, Sq, n_q, d] fp32, k: [B, Sk, n_kv, d] fp32, v: [B, Sk, n_kv, d]; query i sits at absolute
+    position q_offset + i and key j at position j. Returns [B, Sq, n_q, d] in `dtype`.
+    """
+    b, sq, n_q, d = q.shape
+    n_kv = k.shape[2]
+    qg = q.reshape(b, sq, n_kv, n_q // n_kv, d)
+    logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k.astype(jnp.float32)) / math.sqrt(d)
+    q_pos = q_offset + jnp.arange(sq)[:, None]
+    mask = jnp.arange(k.shape[1])[None, :] <= q_pos
+    logits = jnp.where(mask, logits, -jnp.inf)
+    probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v.astype(dtype))
+    return out.reshape(b, sq, n_q, d)
+
+
+class CCA(nnx.Module):
+    """One CCA attention sub-layer: latent q/k projections, mean path, two causal convs, value shift,
+    L2 norm with learned key temperature, partial RoPE after the norm, GQA attention, output projection."""
+
+    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+        pd, std = layers.dtype_of(m.param_dtype), m.initializer_range
+        h, d, nq, nkv = m.hidden_size, m.head_dim, m.num_q_heads, m.num_kv_heads
+        c = (nq + nkv) * d
+        self.cfg = m
+        self.wq = layers.normal_param(rngs, (h, nq * d), std, pd)
+        self.wk = layers.normal_param(rngs, (h, nkv * d), std, pd)
+        self.wv_cur = layers.normal_param(rngs, (h, nkv * d // 2), std, pd)
+        self.wv_del = layers.normal_param(rngs, (h, nkv * d // 2), std, pd)
+        self.conv1_w = layers.normal_param(rngs, (m.cca_time0, c), std, pd)
+        self.conv1_b = layers.const_param((c,), 0.0, pd)
+        self.conv2_w = layers.normal_param(rngs, (m.cca_time1, nq + nkv, d, d), std, pd)
+        self.conv2_b = layers.const_param((c,), 0.0, pd)
+        self.temp = layers.const_param((nkv,), m.temp_init, pd)
+        self.wo = layers.normal_param(rngs, (nq * d, h), std, pd)
+
+    def project(self, x: jax.Array, qk_halo: jax.Array | None = None, x_prev: jax.Array | None = None):
+        """q, k, v of §5a–e for normed input x: [B, S, H].
+
+        qk_halo: [B, halo, C] raw packed q‖k of the preceding tokens (zeros at a sequence start);
+        x_prev: [B, 1, H] normed input of the token before x[:, 0] (zeros at a sequence start).
+        Returns q [B, S, n_q, d], k [B, S, n_kv, d], v [B, S, n_kv, d] (compute dtype) and the raw
+        packed c [B, S, C] (callers that cache or exchange halos need it).
+        """
+        m, dt = self.cfg, layers.dtype_of(self.cfg.dtype)
+        b, s, _ = x.shape
+        nq, nkv, d = m.num_q_heads, m.num_kv_heads, m.head_dim
+        p = lambda v: v[...].astype(dt)  # noqa: E731
+        q0, k0 = x @ p(self.wq), x @ p(self.wk)
+        qh, kh = q0.reshape(b, s, nq, d), k0.reshape(b, s, nkv, d)
+        qm = (qh + jnp.repeat(kh, nq // nkv, axis=2)) * 0.5
+        km = qm.reshape(b, s, nkv, nq // nkv, d).mean(axis=3)
+        c = jnp.concatenate([q0, k0], axis=-1)
+        halo = conv_halo_len(m.cca_time0, m.cca_time1)
+        if qk_halo is None:
+            qk_halo = jnp.zeros((b, halo, c.shape[-1]), c.dtype)
+        z = causal_convs(jnp.concatenate([qk_halo.astype(c.dtype), c], axis=1),
+                         p(self.conv1_w), p(self.conv1_b), p(self.conv2_w), p(self.conv2_b))
+        q = z[..., :nq * d].reshape(b, s, nq, d) + qm
+        k = z[..., nq * d:].reshape(b, s, nkv, d) + km
+        if x_prev is None:
+            x_prev = jnp.zeros((b, 1, x.shape[-1]), x.dtype)
+        x_shift = jnp.concatenate([x_prev.astype(x.dtype), x[:, :-1]], axis=1)
+        v = jnp.concatenate([x @ p(self.wv_cur), x_shift @ p(self.wv_del)], axis=-1).reshape(b, s, nkv, d)
+        return q, k, v, c
+
+    def normalize_and_rotate(self, q: jax.Array, k: jax.Array, positions: jax.Array):
+        """L2 norm to √d, key temperature, then partial RoPE at integer `positions` [B|1, S] (§5f–g). fp32 out."""
+        m = self.cfg
+        scale = math.sqrt(m.head_dim)
+        qn = l2_normalize(q, scale, m.qk_norm_eps)
+        kn = l2_normalize(k, scale, m.qk_norm_eps) * self.temp[...].astype(jnp.float32)[:, None]
+        cos, sin = layers.rope_tables(positions, int(m.head_dim * m.partial_rotary_factor), m.rope_theta)
+        return layers.apply_partial_rope(qn, cos, sin), layers.apply_partial_rope(kn, cos, sin)
+
+    def output(self, o: jax.Array) -> jax.Array:
+        """o: [B, S, n_q, d] → [B, S, H] through W_o (§5i)."""
+        dt = layers.dtype_of(self.cfg.dtype)
+        return o.reshape(*o.shape[:2], -1).astype(dt) @ self.wo[...].astype(dt)
+
+    def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """Full-sequence causal CCA. x: [B, S, H] normed input, positions: [B|1, S] → [B, S, H]."""
+        chex.assert_rank(x, 3)
+        q, k, v, _ = self.project(x)
+        q, k = self.normalize_and_rotate(q, k, positions)
+        return self.output(causal_attention(q, k, v, layers.dtype_of(self.cfg.dtype)))

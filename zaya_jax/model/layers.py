@@ -1,0 +1,85 @@
+"""Small shared pieces: dtypes, initialisers, RMSNorm (§4), partial RoPE (§5g) and residual scaling (§3).
+
+Section numbers refer to `shared/spec/zaya1-architecture.md`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+
+class BalancingBias(nnx.Variable):
+    """Router balancing biases β (§6): fp32 state that changes the expert choice only.
+
+    Not an `nnx.Param`, so optimizers built with `wrt=nnx.Param` never see it; the balancing
+    controller (`zaya_jax.train.balancing`) writes it after each optimizer step.
+    """
+
+
+def dtype_of(name: str) -> jnp.dtype:
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
+def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float, dtype) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype=jnp.float32).astype(dtype))
+
+
+def const_param(shape: tuple[int, ...], value: float, dtype) -> nnx.Param:
+    return nnx.Param(jnp.full(shape, value, dtype=dtype))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, dtype) -> jax.Array:
+    """`w ⊙ cast(x · rsqrt(mean(x²) + eps))` with fp32 statistics (§4). x: [..., D] → [..., D] in `dtype`."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight.astype(dtype) * normed.astype(dtype)
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm with a learned scale, eps 1e-5 in ZAYA1 (§4)."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype, dtype):
+        self.scale = const_param((dim,), 1.0, param_dtype)
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return rms_norm(x, self.scale[...], self.eps, self.dtype)
+
+
+class Merge(nnx.Module):
+    """Residual scaling `(y + b_h) ⊙ s_h + (r + b_r) ⊙ s_r` (§3), formed in fp32.
+
+    y: block output [..., H] (any dtype), r: residual [..., H] fp32 → new residual fp32.
+    """
+
+    def __init__(self, dim: int, *, param_dtype):
+        self.h_scale = const_param((dim,), 1.0, param_dtype)
+        self.h_bias = const_param((dim,), 0.0, param_dtype)
+        self.r_scale = const_param((dim,), 1.0, param_dtype)
+        self.r_bias = const_param((dim,), 0.0, param_dtype)
+
+    def __call__(self, y: jax.Array, r: jax.Array) -> jax.Array:
+        f32 = lambda v: v[...].astype(jnp.float32)  # noqa: E731
+        y = (y.astype(jnp.float32) + f32(self.h_bias)) * f32(self.h_scale)
+        return y + (r.astype(jnp.float32) + f32(self.r_bias)) * f32(self.r_scale)
+
+
+def rope_tables(positions: jax.Array, rotary_dims: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [..., S, rotary_dims/2] in fp32 for integer positions [..., S] (§5g)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dims, 2, dtype=jnp.float32) / rotary_dims))
+    phase = positions.astype(jnp.float32)[..., None] * inv_freq
+    return jnp.cos(phase), jnp.sin(phase)
+
+
+def apply_partial_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE on dims [0, r) of each head; dims [r, d) pass through (§5g).
+
+    x: [B, S, N, d]; cos/sin: [B or 1, S, r/2] → [B, S, N, d] (same dtype as x).
+    """
+    half = cos.shape[-1]
+    u1, u2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return jnp.concatenate([u1 * c - u2 * s, u2 * c + u1 * s, rest], axis=-1)

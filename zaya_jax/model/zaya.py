@@ -1,0 +1,120 @@
+"""The ZAYA1 decoder (§2): embedding, input scaling, a `jax.lax.scan` over stacked decoder layers
+(CCA + MoE, each with residual scaling), final RMSNorm and the tied LM head.
+
+The residual stream is fp32; matmuls run in `model.dtype`; logits are fp32 (§9). Layer parameters
+are stacked along a leading [L] axis, so compile time does not grow with depth.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+from flax import nnx
+
+from zaya_jax.model import layers
+from zaya_jax.model.cca import CCA
+from zaya_jax.model.moe import MoE, MoEStats
+
+REMAT_POLICIES = {
+    "full": None,
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class DecoderLayer(nnx.Module):
+    """One ZAYA1 decoder layer = CCA sub-layer + MoE sub-layer, HF-native bracketing (§2)."""
+
+    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+        pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
+        self.attn_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
+        self.attn = CCA(m, rngs=rngs)
+        self.attn_merge = layers.Merge(m.hidden_size, param_dtype=pd)
+        self.moe_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
+        self.moe = MoE(m, rngs=rngs)
+        self.moe_merge = layers.Merge(m.hidden_size, param_dtype=pd)
+
+    def __call__(self, r: jax.Array, router_state: jax.Array, positions: jax.Array):
+        """r: [B, S, H] fp32 residual, router_state: [B, S, R] fp32 → (r, router_state, MoEStats)."""
+        r = self.attn_merge(self.attn(self.attn_norm(r), positions), r)
+        z, router_state, stats = self.moe(self.moe_norm(r), router_state)
+        return self.moe_merge(z, r), router_state, stats
+
+
+class ForwardOutput(NamedTuple):
+    logits: jax.Array  # [B, S, V] fp32
+    stats: MoEStats  # counts [L, E+1], dropped [L]
+
+
+def frozen(m: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
+    """Modules keep a hashable copy of the model config (it becomes part of the static graph)."""
+    return m if isinstance(m, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(m)
+
+
+def _stacked_layers(m: ml_collections.ConfigDict, rngs: nnx.Rngs) -> DecoderLayer:
+    """L independently initialised layers whose variables are stacked along a leading [L] axis."""
+    keys = jax.random.split(rngs.params(), m.num_layers)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: DecoderLayer(m, rngs=nnx.Rngs(0))))
+    state = jax.vmap(lambda k: nnx.state(DecoderLayer(m, rngs=nnx.Rngs(params=k))))(keys)
+    return nnx.merge(graphdef, state)
+
+
+class Zaya(nnx.Module):
+    """ZAYA1 causal LM. `model(input_ids)` → logits [B, S, V]; `model.forward(...)` also gives MoE stats."""
+
+    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+        m = frozen(m)
+        pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
+        self.cfg = m
+        self.embed = layers.normal_param(rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd)
+        self.in_scale = layers.const_param((m.hidden_size,), 1.0, pd)
+        self.in_bias = layers.const_param((m.hidden_size,), 0.0, pd)
+        self.layers = _stacked_layers(m, rngs)
+        self.final_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
+
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None):
+        """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats)."""
+        m = self.cfg
+        chex.assert_rank(input_ids, 2)
+        b, s = input_ids.shape
+        if positions is None:
+            positions = jnp.arange(s, dtype=jnp.int32)[None, :]
+        e = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.float32)
+        r = (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
+        router_state = jnp.zeros((b, s, m.router_hidden_size), jnp.float32)
+        graphdef, stacked = nnx.split(self.layers)
+
+        def body(carry, layer_state):
+            r, a = carry
+            r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions)
+            return (r, a), stats
+
+        if m.remat != "none":
+            body = jax.checkpoint(body, policy=REMAT_POLICIES[m.remat], prevent_cse=False)
+        (r, _), stats = jax.lax.scan(body, (r, router_state), stacked)
+        return self.final_norm(r), stats
+
+    def logits(self, h: jax.Array) -> jax.Array:
+        """Tied head in fp32: h [B, S, H] → [B, S, V]."""
+        return h.astype(jnp.float32) @ self.embed[...].astype(jnp.float32).T
+
+    def forward(self, input_ids: jax.Array, positions: jax.Array | None = None) -> ForwardOutput:
+        h, stats = self.hidden_states(input_ids, positions)
+        return ForwardOutput(self.logits(h), stats)
+
+    def __call__(self, input_ids: jax.Array) -> jax.Array:
+        return self.forward(input_ids).logits
+
+
+def init_model(m: ml_collections.ConfigDict, seed: int = 0) -> Zaya:
+    """A randomly initialised model (allocates the weights)."""
+    return Zaya(m, rngs=nnx.Rngs(params=seed))
+
+
+def abstract_model(m: ml_collections.ConfigDict) -> Zaya:
+    """The model with `jax.ShapeDtypeStruct` leaves: shapes and dtypes only, nothing allocated."""
+    return nnx.eval_shape(lambda: Zaya(m, rngs=nnx.Rngs(params=0)))
