@@ -1,0 +1,1 @@
+"""Device mesh, sharding rules and expert parallelism."""
