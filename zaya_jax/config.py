@@ -69,12 +69,14 @@ def mesh_config() -> ml_collections.ConfigDict:
 
 def default_config() -> ml_collections.ConfigDict:
     """The full default tree; components add their own sections via their `default_config()`."""
+    from zaya_jax.data import defaults as data_defaults
     from zaya_jax.train import defaults as train_defaults
 
     config = ml_collections.ConfigDict()
     config.model = model_config()
     config.mesh = mesh_config()
     train_defaults.add_to(config)
+    data_defaults.add_to(config)
     return config
 
 
@@ -129,6 +131,10 @@ def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         from zaya_jax.train import defaults as train_defaults
 
         train_defaults.validate(config)
+    if "data" in config:
+        from zaya_jax.data import defaults as data_defaults
+
+        data_defaults.validate(config)
     _warn_sizing(config.model)
     return config
 
