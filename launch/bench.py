@@ -1,0 +1,141 @@
+"""Microbenchmark entry point (`paper-systems.md` §5–6).
+
+    python -m launch.bench --suite=collectives --out=/tmp/bench --quick
+    python -m launch.bench --suite=gemm --out=/tmp/bench --dtype=bfloat16
+    python -m launch.bench --suite=membw --out=/tmp/bench --min_bytes=1048576 --max_bytes=4294967296
+
+CPU device emulation: XLA reads `--xla_force_host_platform_device_count` once, when jax is first
+imported, i.e. before absl parses flags. This module therefore peeks at `sys.argv` for
+`--cpu_devices=N` at import time (`launch.cpu_devices`; default 8, 0 = leave XLA_FLAGS alone)
+and appends the XLA flag unless XLA_FLAGS already sets it. The flag only affects the CPU
+platform, so it is harmless on GPU hosts. jax is imported lazily inside the suite runners.
+
+Suites live in the `SUITES` registry: add one with `register_suite("train", "help")` on a
+function `(flags.FlagValues) -> None`; no other change is needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from launch.cpu_devices import emulate_from_argv
+
+emulate_from_argv(default=8)  # before anything imports jax
+
+from absl import app, flags  # noqa: E402
+
+Runner = Callable[[flags.FlagValues], None]
+SUITES: dict[str, tuple[Runner, str]] = {}
+
+
+def register_suite(name: str, help_text: str) -> Callable[[Runner], Runner]:
+    """Decorator: make `fn(FLAGS)` available as `--suite=name`."""
+
+    def deco(fn: Runner) -> Runner:
+        SUITES[name] = (fn, help_text)
+        return fn
+
+    return deco
+
+
+def _dtype(f: flags.FlagValues):
+    import jax.numpy as jnp
+
+    from zaya_jax.bench import common
+
+    return jnp.dtype(f.dtype or common.default_float_dtype())
+
+
+@register_suite("collectives", "all-reduce, reduce-scatter, all-gather, broadcast (emulated), "
+                               "all-to-all, ppermute vs message size and device count")
+def _run_collectives(f: flags.FlagValues) -> None:
+    import jax.numpy as jnp
+
+    from zaya_jax.bench import collectives
+
+    names = f.collectives or list(collectives.COLLECTIVES)
+    counts = [int(c) for c in f.device_counts] if f.device_counts else None
+    if f.quick:
+        min_b, max_b, warmup, trials = 1 << 10, 1 << 16, 1, 3
+    else:
+        min_b, max_b, warmup, trials = 1 << 10, 1 << 26, 2, 10
+    collectives.run(
+        f.out, names=names, device_counts=counts or collectives.default_device_counts(),
+        min_bytes=f.min_bytes or min_b, max_bytes=f.max_bytes or max_b,
+        dtype=jnp.dtype(f.dtype) if f.dtype else jnp.float32,
+        warmup=f.warmup if f.warmup is not None else warmup, trials=f.trials or trials)
+
+
+@register_suite("gemm", "achieved TFLOP/s: square, ZAYA1 shapes, unaligned sizes, grouped expert GEMM")
+def _run_gemm(f: flags.FlagValues) -> None:
+    import jax
+
+    from zaya_jax.bench import gemm
+
+    kwargs: dict = dict(dtype=_dtype(f), warmup=f.warmup if f.warmup is not None else 2,
+                        trials=f.trials or 5, tokens=f.gemm_tokens)
+    if f.quick:
+        cpu = jax.default_backend() == "cpu"
+        kwargs.update(square=(64, 128, 256) if cpu else (1024, 4096, 8192),
+                      tokens=f.gemm_tokens or (32 if cpu else 4096),
+                      unaligned_bases=(128,) if cpu else (2048,),
+                      grouped=(128, 128, 256, 4) if cpu else (8192, 2048, 4096, 16),
+                      max_gflop=f.max_gflop or (2.0 if cpu else None),
+                      warmup=1 if f.warmup is None else f.warmup, trials=f.trials or 3)
+    elif f.max_gflop:
+        kwargs["max_gflop"] = f.max_gflop
+    gemm.run(f.out, **kwargs)
+
+
+@register_suite("membw", "copy / scale / triad bandwidth vs array size")
+def _run_membw(f: flags.FlagValues) -> None:
+    from zaya_jax.bench import membw
+
+    min_b, max_b = (1 << 16, 1 << 22) if f.quick else (1 << 20, None)
+    membw.run(f.out, min_bytes=f.min_bytes or min_b, max_bytes=f.max_bytes or max_b, dtype=_dtype(f),
+              warmup=f.warmup if f.warmup is not None else (1 if f.quick else 2),
+              trials=f.trials or (3 if f.quick else 10))
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("suite", None, "benchmark suite, one of the SUITES registry: " +
+                    "; ".join(f"{k}: {v[1]}" for k, v in SUITES.items()))
+flags.DEFINE_string("out", None, "output directory for CSV / PNG / JSON")
+flags.DEFINE_bool("quick", False, "small sweep (CPU smoke test; collectives < 2 min on 2 cores)")
+flags.DEFINE_integer("min_bytes", None, "smallest message / array size in bytes (power of two)")
+flags.DEFINE_integer("max_bytes", None, "largest message / array size in bytes")
+flags.DEFINE_integer("trials", None, "timed iterations per measurement")
+flags.DEFINE_integer("warmup", None, "untimed iterations per measurement (>= 1 incl. compilation)")
+flags.DEFINE_string("dtype", None, "float32 | bfloat16 (default: bf16 on GPU, f32 on CPU; "
+                                   "collectives: float32)")
+flags.DEFINE_list("device_counts", None, "collectives: device counts (default 2, 4, 8, ... up to all)")
+flags.DEFINE_list("collectives", None, "collectives: subset of all_reduce, reduce_scatter, all_gather, "
+                                       "broadcast, all_to_all, ppermute")
+flags.DEFINE_integer("gemm_tokens", None, "gemm: tokens per device T for the ZAYA1 shapes")
+flags.DEFINE_float("max_gflop", None, "gemm: skip shapes above this many GFLOP")
+flags.DEFINE_integer("cpu_devices", 8, "emulated CPU devices (read from argv before jax is imported; "
+                                       "0 = keep XLA_FLAGS)")
+flags.DEFINE_string("coordinator_address", None, "multi-process: jax.distributed coordinator host:port")
+flags.DEFINE_integer("num_processes", None, "multi-process: number of processes")
+flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    if FLAGS.suite not in SUITES:
+        raise app.UsageError(f"--suite={FLAGS.suite!r}; choose one of {sorted(SUITES)}")
+    if FLAGS.out is None:
+        raise app.UsageError("--out is required")
+    import jax
+
+    if FLAGS.coordinator_address:
+        jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    if jax.process_index() == 0:
+        print(f"suite={FLAGS.suite} backend={jax.default_backend()} devices={jax.device_count()} "
+              f"processes={jax.process_count()} out={FLAGS.out}")
+    SUITES[FLAGS.suite][0](FLAGS)
+
+
+if __name__ == "__main__":
+    flags.mark_flag_as_required("suite")
+    app.run(main)

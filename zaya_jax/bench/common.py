@@ -1,0 +1,272 @@
+"""Shared microbenchmark plumbing: timing, machine description, CSV/JSON output, plots.
+
+Methodology (`paper-systems.md` §5–6): run a compiled function `warmup` times (excluded:
+compilation, caches, allocator warm-up), then `trials` timed calls, each ending in
+`jax.block_until_ready`; report the median and the minimum wall time. Only process 0 of a
+multi-process run writes files (`is_writer`).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    """Wall times in seconds of the timed trials (warm-up excluded)."""
+
+    times: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times)
+
+    @property
+    def min(self) -> float:
+        return min(self.times)
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.times)
+
+
+def time_fn(fn: Callable[..., Any], *args: Any, warmup: int = 2, trials: int = 5) -> Timing:
+    """Time `fn(*args)` (typically a jitted function) with a device sync after every call.
+
+    The first warm-up call also triggers compilation, which is therefore never timed.
+    """
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    for _ in range(max(warmup, 1)):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(trials):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return Timing(tuple(times))
+
+
+def randn(shape: tuple[int, ...], dtype: Any, seed: int = 0, device: Any = None) -> jax.Array:
+    """Standard-normal test data: NumPy RNG on CPU (threefry is slow there), jax.random elsewhere."""
+    if jax.default_backend() == "cpu":
+        host = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        return jax.device_put(host.astype(jnp.dtype(dtype)), device)
+    return jax.device_put(jax.random.normal(jax.random.key(seed), shape, dtype), device)
+
+
+def pow2_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """Powers of two in [min_bytes, max_bytes] (min is rounded up to a power of two)."""
+    if min_bytes < 1 or max_bytes < min_bytes:
+        raise ValueError(f"need 1 <= min_bytes <= max_bytes, got {min_bytes}, {max_bytes}")
+    size = 1 << (int(min_bytes) - 1).bit_length()
+    out = []
+    while size <= max_bytes:
+        out.append(size)
+        size *= 2
+    return out
+
+
+def format_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe the host and the JAX runtime (recorded next to every benchmark result)."""
+    devices = jax.devices()
+    try:
+        import jaxlib
+
+        jaxlib_version = jaxlib.__version__
+    except (ImportError, AttributeError):  # pragma: no cover
+        jaxlib_version = "unknown"
+    return {
+        "hostname": platform.node(),
+        "cpu_model": _cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "jax_version": jax.__version__,
+        "jaxlib_version": jaxlib_version,
+        "backend": jax.default_backend(),
+        "device_kind": devices[0].device_kind if devices else "none",
+        "device_count": jax.device_count(),
+        "local_device_count": jax.local_device_count(),
+        "process_count": jax.process_count(),
+        "process_index": jax.process_index(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+    }
+
+
+def default_float_dtype() -> str:
+    """bf16 on accelerators (the paper's compute dtype), f32 on CPU (bf16 GEMMs are slow there)."""
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def is_writer() -> bool:
+    """Only process 0 writes output files."""
+    return jax.process_index() == 0
+
+
+def write_csv(path: str, rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str] | None = None) -> None:
+    """Write dict rows as CSV (columns: `fieldnames` or the union of keys in first-seen order)."""
+    if fieldnames is None:
+        seen: dict[str, None] = {}
+        for row in rows:
+            seen.update(dict.fromkeys(row))
+        fieldnames = list(seen)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fieldnames), extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def read_csv(path: str) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def write_json(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # headless; must precede pyplot's first import in this process
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
+
+
+def plot_panels(
+    path: str,
+    panels: Mapping[str, Series],
+    *,
+    xlabel: str,
+    ylabel: str,
+    title: str = "",
+    logx: bool = True,
+    logy: bool = False,
+    ncols: int = 3,
+    xfmt: Callable[[float], str] | None = format_bytes,
+) -> None:
+    """One subplot per panel, one line per series: `panels[panel][series] = (xs, ys)`."""
+    plt = _pyplot()
+    names = list(panels)
+    ncols = max(1, min(ncols, len(names)))
+    nrows = max(1, -(-len(names) // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        for label, (xs, ys) in panels[name].items():
+            ax.plot(list(xs), list(ys), marker="o", markersize=3, label=label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        if xfmt is not None:
+            ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda v, _pos: xfmt(v)))
+            ax.tick_params(axis="x", labelrotation=45, labelsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(True, alpha=0.3)
+        if panels[name]:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_bars(
+    path: str,
+    panels: Mapping[str, Mapping[str, Sequence[tuple[str, float]]]],
+    *,
+    ylabel: str,
+    title: str = "",
+    ncols: int = 2,
+) -> None:
+    """Grouped bar charts: `panels[panel][series] = [(category, value), ...]`."""
+    plt = _pyplot()
+    names = list(panels)
+    ncols = max(1, min(ncols, len(names)))
+    nrows = max(1, -(-len(names) // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 3.8 * nrows), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        series = panels[name]
+        cats: list[str] = []
+        for values in series.values():
+            cats.extend(c for c, _ in values if c not in cats)
+        width = 0.8 / max(1, len(series))
+        for i, (label, values) in enumerate(series.items()):
+            lookup = dict(values)
+            xs = [j + i * width for j in range(len(cats))]
+            ax.bar(xs, [lookup.get(c, 0.0) for c in cats], width=width, label=label)
+        ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(cats))])
+        ax.set_xticklabels(cats, rotation=45, ha="right", fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    """Plain fixed-width table on stdout (process 0 only)."""
+    rows = list(rows)
+    if not is_writer() or not rows:
+        return
+
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    widths = [max(len(c), *(len(fmt(r.get(c, ""))) for r in rows)) for c in columns]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(fmt(r.get(c, "")).rjust(w) for c, w in zip(columns, widths)))
