@@ -26,13 +26,14 @@ EXPERT_LEAVES = ("w_in", "w_out")  # [L, E, ...] routed-expert kernels
 
 
 def _path_names(path) -> list[str]:
+    """Key names along a pytree path, without the `.value` attribute of NNX variables."""
     names = []
     for key in path:
         for attr in ("key", "name", "idx"):
             if hasattr(key, attr):
                 names.append(str(getattr(key, attr)))
                 break
-    return names
+    return [n for n in names if n not in ("value", "raw_value")]
 
 
 def _is_expert_leaf(path, ndim: int) -> bool:

@@ -1,0 +1,70 @@
+"""Pretrain ZAYA1.
+
+    python -m launch.train --config=experiments/zaya1_tiny.py --config.train.steps=300 --workdir=runs/tiny
+
+Any config field can be overridden with `--config.<field>=<value>`. Multi-process runs call
+`jax.distributed.initialize`: pass `--coordinator_address=host:port --num_processes=N --process_id=i`,
+or nothing under SLURM (jax reads the SLURM environment). On a CPU-only host, `--cpu_devices=N`
+(default 8) emulates N devices so meshes such as 2 data × 4 expert run anywhere.
+"""
+
+from launch.cpu_devices import emulate_from_argv
+
+emulate_from_argv(default=8)
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, TensorBoard events and checkpoints.")
+flags.DEFINE_integer("cpu_devices", 8, "Emulated CPU devices when no accelerator is present (0 = as is).")
+_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
+_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
+_PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", None, "Force jax.distributed.initialize (default: when "
+                                 "--coordinator_address is given or SLURM_NTASKS > 1).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _maybe_initialize_distributed() -> None:
+    import jax
+
+    wanted = _DISTRIBUTED.value
+    if wanted is None:
+        wanted = bool(_COORD.value) or int(os.environ.get("SLURM_NTASKS", "1")) > 1
+    if not wanted:
+        return
+    if _COORD.value and (_NPROC.value is None or _PID.value is None):
+        sys.exit("train: --coordinator_address needs --num_processes and --process_id")
+    jax.distributed.initialize(coordinator_address=_COORD.value, num_processes=_NPROC.value,
+                               process_id=_PID.value)
+    logging.info("process %d of %d, %d global devices", jax.process_index(), jax.process_count(),
+                 jax.device_count())
+
+
+def main(argv):
+    del argv
+    _maybe_initialize_distributed()
+    import jax
+
+    from zaya_jax.config import ConfigError, validate
+    from zaya_jax.data.tokenizer import DataError
+    from zaya_jax.train.loop import train
+
+    try:
+        config = validate(_CONFIG.value)
+        summary = train(config, os.path.abspath(_WORKDIR.value))
+    except (ConfigError, DataError) as err:
+        sys.exit(f"train: error: {err}")
+    if jax.process_index() == 0:
+        summary.pop("state", None)
+        print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)

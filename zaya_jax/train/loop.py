@@ -1,0 +1,125 @@
+"""The training loop: config → mesh → model/optimizer → train step → loop → (checkpoint).
+
+`train(config, workdir)` runs `config.train.steps` optimizer steps, logging every
+`train.log_every` steps to JSONL + TensorBoard + a progress bar, and returns a summary dict with
+the final held-out loss. Metrics are fetched from the device only on logging steps, so the host
+never waits for the device in between (dispatch runs ahead).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from tqdm import tqdm
+
+from zaya_jax.model.flops import train_flops_per_token
+from zaya_jax.parallel import sharding
+from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.train import schedule
+from zaya_jax.train.loss import lm_loss_sums
+from zaya_jax.train.metrics import MetricWriter
+from zaya_jax.train.optimizer import make_optimizer
+from zaya_jax.train.state import create_train_state
+from zaya_jax.train.step import BATCH_KEYS, make_train_step
+
+
+def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
+    """This process's rows [B/P, S] → global arrays [B, S] sharded over (data, expert) × context."""
+    spec = NamedSharding(mesh, sharding.batch_spec(2))
+    return {k: jax.make_array_from_process_local_data(spec, np.asarray(batch[k])) for k in BATCH_KEYS}
+
+
+def make_eval_step(graphdef, mesh):
+    """Held-out loss sums (no gradients): (params, biases, batch) → (Σ CE, Σ tokens)."""
+    @jax.jit
+    def fn(params, biases, batch):
+        out = nnx.merge(graphdef, params, biases).forward(batch["input_ids"])
+        sums = lm_loss_sums(out.logits, batch["labels"], batch["loss_mask"])
+        return sums.ce, sums.tokens
+
+    def run(state, batch):
+        with jax.set_mesh(mesh):
+            return fn(state.params, state.biases, batch)
+    return run
+
+
+def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: int) -> float:
+    """Mean held-out cross-entropy (nats/token) over the first `num_batches` eval batches."""
+    eval_iter.reset()
+    ce = tokens = 0.0
+    for _ in range(num_batches):
+        batch = eval_iter.next_batch(global_batch)
+        if batch is None:
+            break
+        c, t = eval_step(state, to_global(batch, mesh))
+        ce, tokens = ce + float(c), tokens + float(t)
+    return ce / max(tokens, 1.0)
+
+
+def _peak_flops() -> float:
+    from zaya_jax.bench.gemm import measure_gemm_peak
+
+    return measure_gemm_peak()
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any = None,
+          hooks: list[Callable] | None = None, quiet: bool = False) -> dict:
+    """Run training; returns {'final_loss', 'eval_loss', 'steps', 'tokens_per_s', ...}."""
+    from zaya_jax.data.pipeline import make_iterators
+
+    t, hooks = config.train, hooks or []
+    mesh = make_mesh(config)
+    train_iter, eval_iter, _ = make_iterators(config)
+    tx, lr_fn = make_optimizer(config), schedule.learning_rate_schedules(config)["muon"]
+    graphdef, state, state_shardings = create_train_state(config, mesh, tx)
+    if checkpointer is not None:
+        state = checkpointer.restore_or_keep(state, state_shardings, train_iter)
+    step_fn = make_train_step(graphdef, tx, config, mesh, state_shardings, lr_fn)
+    eval_step = make_eval_step(graphdef, mesh)
+    writer = MetricWriter(workdir)
+    flops_per_token = train_flops_per_token(config.model, t.seq_len)
+    peak = _peak_flops()
+    start = int(state.step)
+    bar = tqdm(total=t.steps, initial=start, disable=quiet or jax.process_index() != 0, unit="step",
+               dynamic_ncols=True)
+    last = {"time": time.perf_counter(), "step": start, "tokens": 0.0}
+    row: dict = {}
+    for step in range(start, t.steps):
+        global_batch = schedule.batch_size_at(step, t)
+        state, metrics = step_fn(state, to_global(train_iter.next_batch(global_batch), mesh))
+        last["tokens"] += global_batch * t.seq_len
+        if (step + 1) % t.log_every == 0 or step + 1 == t.steps:
+            metrics = jax.device_get(metrics)
+            now = time.perf_counter()
+            tps = last["tokens"] / max(now - last["time"], 1e-9)
+            metrics.update(tokens_per_s=tps, mfu=tps * flops_per_token / peak, global_batch=global_batch)
+            row = writer.write(step + 1, metrics)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{tps:,.0f}", cv=f"{np.mean(row['load_cv']):.2f}")
+            last.update(time=now, step=step + 1, tokens=0.0)
+        if t.eval_every and (step + 1) % t.eval_every == 0 and eval_iter is not None:
+            writer.write(step + 1, {"eval_loss": evaluate(eval_step, state, eval_iter, mesh,
+                                                          global_batch, t.eval_batches)})
+        if checkpointer is not None:
+            checkpointer.maybe_save(step + 1, state, train_iter)
+        for hook in hooks:
+            hook(step + 1, state, metrics)
+        bar.update(1)
+    bar.close()
+    summary = {"steps": int(state.step), "final_loss": row.get("loss", math.nan)}
+    if eval_iter is not None:
+        summary["eval_loss"] = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
+                                        t.eval_batches)
+        writer.write(int(state.step), {"eval_loss": summary["eval_loss"]})
+    if checkpointer is not None:
+        checkpointer.finish(int(state.step), state, train_iter)
+    writer.close()
+    summary["state"] = state
+    return summary
