@@ -77,7 +77,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
 
     t, hooks = config.train, hooks or []
     mesh = make_mesh(config)
-    train_iter, eval_iter, _ = make_iterators(config)
+    train_iter, eval_iter, data_dirs = make_iterators(config)
     tx, lr_fn = make_optimizer(config), schedule.learning_rate_schedules(config)["muon"]
     graphdef, state, state_shardings = create_train_state(config, mesh, tx)
     if checkpointer is not None:
@@ -118,8 +118,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         summary["eval_loss"] = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
                                         t.eval_batches)
         writer.write(int(state.step), {"eval_loss": summary["eval_loss"]})
+    if len(data_dirs) == 1:
+        from zaya_jax.data.corpus import unigram_entropy
+
+        summary["unigram_entropy"] = unigram_entropy(data_dirs[0])
     if checkpointer is not None:
         checkpointer.finish(int(state.step), state, train_iter)
+    train_iter.close()
     writer.close()
     summary["state"] = state
     return summary
