@@ -26,10 +26,15 @@ def add_to(config: ml_collections.ConfigDict) -> None:
             muon_nesterov=True,
             muon_split_gate_up=True,  # orthogonalise the fused expert gate/up kernel as two matrices
             muon_conv=False,  # Muon for the per-head conv2 taps (unknown in the paper; AdamW by default)
+            # Muon update scale: >0 → sqrt(max(fan_in, fan_out)) * value (update RMS ≈ value, so the Muon LR
+            # is comparable to AdamW's; Moonshot's 0.2); 0 → Keller Jordan's sqrt(max(1, fan_out / fan_in))
+            muon_consistent_rms=0.2,
+            decay_embedding=False,  # weight decay on the (tied) embedding; matrices and conv kernels always decay
             grad_clip_norm=1.0,
             schedule="warmup_cosine",  # "warmup_cosine" | "wsd" | "constant"
             warmup_steps=100,
             decay_fraction=0.2,  # WSD: final fraction of steps spent decaying
+            wsd_decay_shape="linear",  # WSD decay: "linear" | "sqrt" (1 - sqrt)
             min_lr_ratio=0.1,
         )
     )
@@ -77,6 +82,14 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if t.microbatches < 1 or t.global_batch_size % t.microbatches:
         raise ConfigError(
             f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}")
+    if o.get("wsd_decay_shape", "linear") not in ("linear", "sqrt"):
+        raise ConfigError(f"optimizer.wsd_decay_shape={o.wsd_decay_shape!r}; choose 'linear' or 'sqrt'")
+    if "balancing" in config:
+        b = config.balancing
+        if b.error_shape not in ("identity", "sign", "tanh"):
+            raise ConfigError(f"balancing.error_shape={b.error_shape!r}; choose identity, sign or tanh")
+        if not 0.0 <= b.target_skip < 1.0:
+            raise ConfigError(f"balancing.target_skip={b.target_skip} must be in [0, 1)")
     steps = [s for s, _ in t.batch_ramp]
     if steps != sorted(steps):
         raise ConfigError(f"train.batch_ramp start steps must increase, got {steps}")

@@ -1,0 +1,267 @@
+"""Hybrid Muon + AdamW optimizer for ZAYA1 (`paper-systems.md` §3, `jax-stack-notes.md` §8).
+
+`make_optimizer(config, params)` = global-norm clipping (`optimizer.grad_clip_norm`, 0 = off) →
+`optax.partition` into
+
+* ``"muon"``: 2-D hidden matrices — q/k/v/o projections (`wq`, `wk`, `wv_cur`, `wv_del`, `wo`),
+  router projections (`w_down`, `w1`, `w2`, `w3`), expert kernels (`w_in`, `w_out`), and the
+  per-head conv2 taps `conv2_w` when `optimizer.muon_conv`. Nesterov momentum → Newton–Schulz
+  orthogonalisation **per matrix** → shape scaling → decoupled weight decay → −LR(step).
+* ``"adam"``: everything else — the embedding / tied head, RMSNorm scales, biases, merge
+  scales/biases, conv kernels (conv1 always, conv2 unless `muon_conv`), key temperatures, EDA
+  scales. `optax.scale_by_adam` → decoupled weight decay (masked) → −LR(step).
+
+Per-matrix orthogonalisation. Every kernel is `[..., in, out]` (y = x·W): the last two axes are
+the matrix, every leading axis (layer [L], expert [E], conv tap / head) is a batch axis. NS runs
+on each matrix independently through nested `jax.vmap`s, one per leading axis. With
+`optimizer.muon_split_gate_up` the fused expert kernel `w_in [..., H, 2I]` is viewed as
+`[..., 2, H, I]` (the gate | up split is one more batch axis), so gate and up are orthogonalised
+as separate `[H, I]` matrices. The momentum keeps the parameter's own shape; the split is a view
+inside the update.
+
+Why not `optax.contrib.muon`: it would need `MuonDimensionNumbers(reduction_axis=-2,
+output_axis=-1)` per leaf (its default also sends the embedding to Muon), but it cannot split the
+fused gate/up axis, and it flattens all batch axes into one (a transpose + reshape), which breaks a
+sharding of a minor batch axis (e.g. experts) into cross-device data movement. The transform below
+keeps the optax momentum convention (`optax.tree.update_moment` / `bias_correction`, Nesterov as in
+`optax.contrib.scale_by_muon`), the standard quintic NS coefficients (3.4445, −4.7750, 2.0315) with
+Frobenius pre-normalisation, and optax's shape scaling (`muon_consistent_rms` > 0: update RMS ≈
+consistent_rms, so Muon and AdamW LRs are comparable (Moonshot); 0: `sqrt(max(1, out/in))`).
+
+Weight decay (decoupled, multiplied by the group's current LR): all Muon matrices and the conv
+kernels; the embedding only when `optimizer.decay_embedding`; never norms, biases, merge
+scales/biases, temperatures or EDA scales. `tx.update` must receive `params` when weight_decay > 0.
+
+Distributed Muon under ZeRO-1 (`paper-systems.md` §2). Parameters are replicated over `data`;
+gradients are reduce-scattered and the optimizer state (Muon momentum, Adam moments) is sharded
+along ONE axis of each leaf over `data` (per-parameter global arrays, so Orbax can reshard).
+NS needs whole matrices, so for Muon leaves the sharded axis should be a **batch axis** (layers
+or experts): then every device owns whole matrices, runs NS on them locally (the nested vmaps keep
+each batch axis a separate dot_general batch dimension, so GSPMD inserts no gather), and only the
+finished update is all-gathered to the replicated parameters (the same all-gather ZeRO-1 needs
+anyway). If no batch axis divides the DP size, shard a matrix axis instead: GSPMD then gathers
+inside NS (correct, more traffic). Adam is elementwise, any axis works; prefer the last (hidden)
+axis — the vocab 262,272 = 2⁷·2049 divides over at most 128 shards. `zero1_state_axes` returns
+this choice per leaf; `parallel/sharding.py` turns it into PartitionSpecs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from zaya_jax.train import schedule as schedule_lib
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton–Schulz (a, b, c): X ← aX + (bA + cA²)X, A = XXᵀ
+MUON_MATRICES = frozenset({"wq", "wk", "wv_cur", "wv_del", "wo", "w_down", "w1", "w2", "w3", "w_in", "w_out"})
+CONV_TAPS = "conv2_w"  # per-head [d, d] taps: Muon only with optimizer.muon_conv
+SPLIT_LEAF = "w_in"  # fused [..., H, 2I] gate | up
+ADAM_LEAVES = frozenset({
+    "embed", "in_scale", "in_bias", "scale", "conv1_w", "conv1_b", "conv2_b", "temp",
+    "h_scale", "h_bias", "r_scale", "r_bias", "b_down", "eda_scale", "norm", "b1", "b2",
+})
+DECAYED_ADAM_LEAVES = frozenset({"conv1_w", "conv2_w"})  # + "embed" with optimizer.decay_embedding
+Pytree = Any
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def _leaf_name(path: tuple) -> str:
+    """Last dict/attribute name of a key path, skipping an NNX Variable's trailing `.value`."""
+    names = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            names.append(str(k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            names.append(k.name)
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            names.append(str(k.idx))
+        else:  # FlattenedIndexKey and others
+            names.append(str(getattr(k, "key", k)))
+    while names and names[-1] in ("value", "raw_value"):
+        names.pop()
+    return names[-1] if names else ""
+
+
+def _map_named(fn: Callable[[str, Any], Any], tree: Pytree) -> Pytree:
+    return jax.tree_util.tree_map_with_path(lambda p, x: fn(_leaf_name(p), x), tree)
+
+
+def _label(name: str, muon_conv: bool) -> str:
+    if name in MUON_MATRICES or (name == CONV_TAPS and muon_conv):
+        return "muon"
+    if name in ADAM_LEAVES or name == CONV_TAPS:
+        return "adam"
+    raise ValueError(
+        f"optimizer: parameter {name!r} has no Muon/AdamW assignment; add it to MUON_MATRICES or "
+        "ADAM_LEAVES in zaya_jax/train/optimizer.py")
+
+
+def param_labels(params: Pytree, *, muon_conv: bool = False) -> Pytree:
+    """Same-structure tree of "muon" | "adam" for any param pytree (pure dict, `nnx.State`, with or
+    without `nnx.Variable` nodes) whose key paths end in the ZAYA1 parameter names."""
+    return _map_named(lambda n, _: _label(n, muon_conv), params)
+
+
+def decay_mask(params: Pytree, *, decay_embedding: bool = False, muon_conv: bool = False) -> Pytree:
+    """Same-structure tree of bools: True = decoupled weight decay applies (Muon matrices, conv
+    kernels, and the embedding iff `decay_embedding`)."""
+    def f(name: str, _) -> bool:
+        return (_label(name, muon_conv) == "muon" or name in DECAYED_ADAM_LEAVES
+                or (name == "embed" and decay_embedding))
+    return _map_named(f, params)
+
+
+# ----------------------------------------------------------------------------- Newton–Schulz
+
+
+def _ns_matrix(x: jax.Array, coeffs: tuple[float, float, float], steps: int, eps: float) -> jax.Array:
+    """Quintic NS on one [m, n] matrix (fp32), run on the wide orientation (m ≤ n)."""
+    a, b, c = coeffs
+    wide = x.shape[0] <= x.shape[1]
+    x = x if wide else x.T
+    x = x / (jnp.linalg.norm(x) + eps)
+    for _ in range(steps):
+        s = x @ x.T
+        x = a * x + (b * s + c * (s @ s)) @ x
+    return x if wide else x.T
+
+
+def orthogonalize(x: jax.Array, *, ns_steps: int = 5, ns_coeffs: tuple[float, float, float] = NS_COEFFS,
+                  split_last: bool = False, eps: float = 1e-7) -> jax.Array:
+    """Approximate orthogonalisation U·Vᵀ of every matrix of x [..., in, out] (fp32 result).
+
+    Leading axes are batch axes (one nested vmap each, so a sharded layer/expert axis stays local).
+    split_last: treat [..., in, 2k] as two [in, k] matrices (gate | up) orthogonalised separately.
+    """
+    x = x.astype(jnp.float32)
+    if split_last:
+        *lead, n_in, n_out = x.shape
+        if n_out % 2:
+            raise ValueError(f"split_last needs an even last axis, got shape {x.shape}")
+        y = orthogonalize(jnp.moveaxis(x.reshape(*lead, n_in, 2, n_out // 2), -2, -3),
+                          ns_steps=ns_steps, ns_coeffs=ns_coeffs, eps=eps)
+        return jnp.moveaxis(y, -3, -2).reshape(x.shape)
+    if x.ndim < 2:
+        raise ValueError(f"Muon needs a matrix (rank >= 2), got shape {x.shape}")
+    fn = lambda m: _ns_matrix(m, ns_coeffs, ns_steps, eps)  # noqa: E731
+    for _ in range(x.ndim - 2):
+        fn = jax.vmap(fn)
+    return fn(x)
+
+
+def _matrix_dims(x: jax.Array, split: bool) -> tuple[int, int]:
+    return x.shape[-2], (x.shape[-1] // 2 if split else x.shape[-1])
+
+
+def _shape_scale(fan_in: int, fan_out: int, consistent_rms: float) -> float:
+    if consistent_rms > 0:
+        return math.sqrt(max(fan_in, fan_out)) * consistent_rms
+    return math.sqrt(max(1.0, fan_out / fan_in))
+
+
+class MuonState(NamedTuple):
+    count: jax.Array  # [] int32
+    mu: Pytree  # momentum, same shapes (and shardings) as the params
+
+
+def scale_by_muon_stacked(*, beta: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
+                          ns_coeffs: tuple[float, float, float] = NS_COEFFS, split_gate_up: bool = True,
+                          consistent_rms: float = 0.2, eps: float = 1e-7) -> optax.GradientTransformation:
+    """Muon direction for stacked kernels [..., in, out]: momentum → per-matrix NS → shape scale.
+
+    Momentum follows `optax.contrib.scale_by_muon` (EMA with bias correction, optional Nesterov).
+    Leaves named `w_in` are split into gate | up halves when `split_gate_up`. Works inside
+    `optax.partition` (masked-out leaves are `optax.MaskedNode`s, which have no array leaves).
+    """
+    def init_fn(params):
+        return MuonState(jnp.zeros([], jnp.int32), optax.tree.zeros_like(params))
+
+    def update_fn(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, beta, 1)
+        count = optax.safe_increment(state.count)
+        if nesterov:
+            mu_hat = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g,
+                                  optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
+                                  optax.tree.bias_correction(updates, beta, count))
+        else:
+            mu_hat = optax.tree.bias_correction(mu, beta, count)
+
+        def direction(name: str, m: jax.Array) -> jax.Array:
+            split = split_gate_up and name == SPLIT_LEAF
+            o = orthogonalize(m, ns_steps=ns_steps, ns_coeffs=ns_coeffs, split_last=split, eps=eps)
+            return (o * _shape_scale(*_matrix_dims(m, split), consistent_rms)).astype(m.dtype)
+
+        return _map_named(direction, mu_hat), MuonState(count, mu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+# ----------------------------------------------------------------------------- the optimizer
+
+
+def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = None
+                   ) -> optax.GradientTransformation:
+    """clip → partition{muon, adam} with separate scheduled peak LRs (`schedule.learning_rate_schedules`).
+
+    params (optional): checked eagerly, so an unassigned parameter name fails here, not inside jit.
+    Labels and masks are callables on the tree passed to init/update, so the same transformation
+    works on pure dicts and on `nnx.State`s (as `nnx.Optimizer(model, tx, wrt=nnx.Param)` uses).
+    """
+    o = config.optimizer
+    muon_conv = bool(o.muon_conv)
+    if params is not None:
+        param_labels(params, muon_conv=muon_conv)
+    lrs = schedule_lib.learning_rate_schedules(config)
+    wd = float(o.weight_decay)
+
+    def decay(tx_list: list, mask):
+        return tx_list + [optax.add_decayed_weights(wd, mask)] if wd > 0 else tx_list
+
+    muon_tx = optax.chain(*decay(
+        [scale_by_muon_stacked(beta=o.muon_momentum, nesterov=bool(o.muon_nesterov), ns_steps=int(o.muon_ns_steps),
+                               split_gate_up=bool(o.muon_split_gate_up),
+                               consistent_rms=float(o.get("muon_consistent_rms", 0.0)))],
+        None), optax.scale_by_learning_rate(lrs["muon"]))
+    adam_mask = lambda p: decay_mask(p, decay_embedding=bool(o.get("decay_embedding", False)),  # noqa: E731
+                                     muon_conv=muon_conv)
+    adam_tx = optax.chain(*decay([optax.scale_by_adam(b1=o.adam_b1, b2=o.adam_b2, eps=o.adam_eps)], adam_mask),
+                          optax.scale_by_learning_rate(lrs["adam"]))
+    split = optax.partition({"muon": muon_tx, "adam": adam_tx},
+                            lambda p: param_labels(p, muon_conv=muon_conv))
+    if o.grad_clip_norm and o.grad_clip_norm > 0:
+        return optax.chain(optax.clip_by_global_norm(float(o.grad_clip_norm)), split)
+    return split
+
+
+# ----------------------------------------------------------------------------- ZeRO-1 hint
+
+
+def zero1_state_axes(params: Pytree, dp_size: int, *, muon_conv: bool = False) -> Pytree:
+    """Per leaf, the axis of its optimizer state to shard over the data axis (None = replicate).
+
+    Muon leaves: the largest leading (batch) axis divisible by dp_size — layers [L] before experts
+    [E] when both divide — so NS runs on whole local matrices; else a matrix axis (last first:
+    GSPMD then gathers inside NS); else None. Adam leaves: the last axis if divisible, else the
+    largest divisible axis, else None. dp_size == 1 → all None.
+    """
+    def pick(name: str, x) -> int | None:
+        shape, nd = tuple(x.shape), len(x.shape)
+        if dp_size <= 1 or nd == 0:
+            return None
+        ok = lambda a: shape[a] % dp_size == 0  # noqa: E731
+        if _label(name, muon_conv) == "muon":
+            batch = sorted(range(nd - 2), key=lambda a: (-shape[a], a))
+            order = batch + [nd - 1, nd - 2]
+        else:
+            order = [nd - 1] + sorted(range(nd - 1), key=lambda a: (-shape[a], a))
+        return next((a for a in order if ok(a)), None)
+
+    return _map_named(pick, params)

@@ -1,0 +1,160 @@
+"""Learning-rate schedules and the global batch-size ramp (`paper-systems.md` §3).
+
+LR schedules are `optax.Schedule`s (step → LR) indexed by optimizer step, built from
+`config.optimizer` and `config.train.steps`:
+
+* ``warmup_cosine``: linear warmup 0 → peak over `warmup_steps`, then cosine decay to
+  `min_lr_ratio · peak` at `train.steps` (`optax.warmup_cosine_decay_schedule`).
+* ``wsd`` (warmup-stable-decay): linear warmup, constant peak, and over the final
+  `decay_fraction · steps` steps a decay to `min_lr_ratio · peak`, either linear
+  (`wsd_decay_shape="linear"`) or `1 − sqrt` (`"sqrt"`: lr = min + (peak − min)(1 − sqrt(u)),
+  u ∈ [0, 1] the fraction of the decay phase done).
+* ``constant``: linear warmup, then peak forever.
+
+The warmup starts at LR 0 (step 0 makes no update), as `optax.linear_schedule(0, peak, warmup)`.
+
+Batch ramp: `train.batch_ramp` is a tuple of `(start_step, global_batch_size)` stages with
+increasing start steps; before the first stage the batch is `train.global_batch_size`. The paper
+ramps the batch during pretraining (values unknown, `paper-systems.md` §3); every stage's batch
+must be divisible by data-parallel size × microbatches (`validate_batch_ramp`).
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from zaya_jax.config import ConfigError
+
+DECAY_SHAPES = ("linear", "sqrt")
+
+
+def _wsd(peak: float, steps: int, warmup: int, decay_fraction: float, min_ratio: float,
+         shape: str) -> optax.Schedule:
+    """Warmup-stable-decay: 0 →(linear, `warmup`) peak → hold → decay over the last
+    `round(decay_fraction · steps)` steps to `min_ratio · peak` (value reached at `steps`)."""
+    if shape not in DECAY_SHAPES:
+        raise ConfigError(f"optimizer.wsd_decay_shape={shape!r}; choose one of {DECAY_SHAPES}")
+    decay_start = max(warmup, steps - max(1, int(round(decay_fraction * steps))))
+    decay = max(1, steps - decay_start)
+    end = min_ratio * peak
+
+    def decay_fn(count):
+        u = jnp.clip(count / decay, 0.0, 1.0)
+        frac = u if shape == "linear" else jnp.sqrt(u)
+        return end + (peak - end) * (1.0 - frac)
+
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, peak, max(warmup, 1)), optax.constant_schedule(peak), decay_fn],
+        boundaries=[warmup, decay_start],
+    )
+
+
+def make_schedule(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
+    """One schedule with peak `peak` following `opt.schedule` over `steps` optimizer steps."""
+    warmup = int(opt.warmup_steps)
+    if warmup < 0 or (steps > 0 and warmup > steps):
+        raise ConfigError(f"optimizer.warmup_steps={warmup} must be in [0, train.steps={steps}]")
+    if opt.schedule == "warmup_cosine":
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=max(steps, warmup + 1),
+            end_value=opt.min_lr_ratio * peak)
+    if opt.schedule == "wsd":
+        if not 0.0 < opt.decay_fraction <= 1.0:
+            raise ConfigError(f"optimizer.decay_fraction={opt.decay_fraction} must be in (0, 1]")
+        return _wsd(peak, steps, warmup, opt.decay_fraction, opt.min_lr_ratio,
+                    opt.get("wsd_decay_shape", "linear"))
+    if opt.schedule == "constant":
+        if warmup == 0:
+            return optax.constant_schedule(peak)
+        return optax.join_schedules(
+            [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
+    raise ConfigError(f"optimizer.schedule={opt.schedule!r}; choose one of warmup_cosine, wsd, constant")
+
+
+def learning_rate_schedules(config: ml_collections.ConfigDict) -> dict[str, optax.Schedule]:
+    """{"muon": schedule peaking at `optimizer.learning_rate`, "adam": … at `optimizer.adam_learning_rate`}.
+
+    Both share the shape; the trainer logs `schedules[k](step)`.
+    """
+    o, steps = config.optimizer, int(config.train.steps)
+    return {"muon": make_schedule(o, steps, o.learning_rate),
+            "adam": make_schedule(o, steps, o.adam_learning_rate)}
+
+
+# ----------------------------------------------------------------------------- batch ramp
+
+
+def _stages(train_cfg: ml_collections.ConfigDict) -> list[tuple[int, int]]:
+    stages = [(int(s), int(b)) for s, b in train_cfg.batch_ramp]
+    starts = [s for s, _ in stages]
+    if starts != sorted(starts) or len(set(starts)) != len(starts) or any(s < 0 for s in starts):
+        raise ConfigError(f"train.batch_ramp start steps must be distinct, >= 0 and increasing, got {starts}")
+    if any(b < 1 for _, b in stages):
+        raise ConfigError(f"train.batch_ramp batch sizes must be >= 1, got {[b for _, b in stages]}")
+    return stages
+
+
+def batch_size_at(step: int, train_cfg: ml_collections.ConfigDict) -> int:
+    """Global batch (sequences per optimizer step) at `step`: the last stage with start ≤ step,
+    or `train.global_batch_size` before the first stage / with an empty ramp."""
+    batch = int(train_cfg.global_batch_size)
+    for start, b in _stages(train_cfg):
+        if start <= step:
+            batch = b
+        else:
+            break
+    return batch
+
+
+def ramp_boundaries(train_cfg: ml_collections.ConfigDict) -> tuple[int, ...]:
+    """Steps s > 0 (and < train.steps) at which the global batch differs from step s − 1.
+
+    The trainer rebuilds / recompiles its step function (new batch shape) at these steps.
+    """
+    steps = int(train_cfg.steps)
+    out = []
+    for start, _ in _stages(train_cfg):
+        if 0 < start < steps and batch_size_at(start, train_cfg) != batch_size_at(start - 1, train_cfg):
+            out.append(start)
+    return tuple(out)
+
+
+def ramp_segments(train_cfg: ml_collections.ConfigDict) -> list[tuple[int, int, int]]:
+    """[(start, end, batch)] covering [0, train.steps): constant batch on each half-open range."""
+    edges = [0, *ramp_boundaries(train_cfg), int(train_cfg.steps)]
+    return [(a, b, batch_size_at(a, train_cfg)) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def samples_before(step: int, train_cfg: ml_collections.ConfigDict) -> int:
+    """Sequences consumed by steps [0, step): the global data position at the start of `step`."""
+    total = 0
+    for a, b, batch in ramp_segments(train_cfg):
+        if step <= a:
+            break
+        total += (min(step, b) - a) * batch
+    if step > int(train_cfg.steps):  # beyond the configured run: last batch continues
+        total += (step - int(train_cfg.steps)) * batch_size_at(int(train_cfg.steps), train_cfg)
+    return total
+
+
+def validate_batch_ramp(train_cfg: ml_collections.ConfigDict, dp_size: int) -> None:
+    """Raise `ConfigError` unless the step-0 batch and every ramp stage divide by dp_size × train.microbatches.
+
+    dp_size: number of data-parallel shards of the batch (product of the data-like mesh axes).
+    """
+    if dp_size < 1:
+        raise ConfigError(f"data-parallel size must be >= 1, got {dp_size}")
+    mb = int(train_cfg.microbatches)
+    if mb < 1:
+        raise ConfigError(f"train.microbatches={mb} must be >= 1")
+    need = dp_size * mb
+    checks = [("train.global_batch_size" if not train_cfg.batch_ramp or train_cfg.batch_ramp[0][0] > 0
+               else "train.batch_ramp stage at step 0", batch_size_at(0, train_cfg))]
+    checks += [(f"train.batch_ramp stage at step {start}", b) for start, b in _stages(train_cfg)]
+    for where, batch in checks:
+        if batch % need:
+            raise ConfigError(
+                f"{where}: batch {batch} is not divisible by data-parallel size {dp_size} × "
+                f"train.microbatches {mb} = {need}; use a multiple of {need}")
