@@ -9,7 +9,9 @@ or nothing under SLURM (jax reads the SLURM environment). On a CPU-only host, `-
 """
 
 from launch.cpu_devices import emulate_from_argv
+from zaya_jax.checkpoint import elastic
 
+elastic.apply_to_environment()  # $ZAYA_AVAILABLE_DEVICES (set by launch.supervise) overrides --cpu_devices
 emulate_from_argv(default=8)
 
 import json  # noqa: E402
@@ -52,14 +54,23 @@ def main(argv):
     _maybe_initialize_distributed()
     import jax
 
+    from zaya_jax.checkpoint import CheckpointError, make_checkpointer
     from zaya_jax.config import ConfigError, validate
     from zaya_jax.data.tokenizer import DataError
     from zaya_jax.train.loop import train
 
     try:
         config = validate(_CONFIG.value)
-        summary = train(config, os.path.abspath(_WORKDIR.value))
-    except (ConfigError, DataError) as err:
+        if (n := elastic.available_devices()) is not None:  # elastic restart: rebuild the mesh on n devices
+            logging.info("elastic: %d devices available, mesh %s", n, elastic.shrink_mesh(config, n))
+        workdir = os.path.abspath(_WORKDIR.value)
+        checkpointer = make_checkpointer(config, workdir)
+        try:
+            summary = train(config, workdir, checkpointer=checkpointer, hooks=[checkpointer.heartbeat])
+        except BaseException:
+            checkpointer.abort()  # a crash still lets an in-flight save of a good state commit
+            raise
+    except (ConfigError, DataError, CheckpointError) as err:
         sys.exit(f"train: error: {err}")
     if jax.process_index() == 0:
         summary.pop("state", None)

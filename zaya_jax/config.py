@@ -69,6 +69,7 @@ def mesh_config() -> ml_collections.ConfigDict:
 
 def default_config() -> ml_collections.ConfigDict:
     """The full default tree; components add their own sections via their `default_config()`."""
+    from zaya_jax.checkpoint import defaults as checkpoint_defaults
     from zaya_jax.data import defaults as data_defaults
     from zaya_jax.train import defaults as train_defaults
 
@@ -77,6 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
     config.mesh = mesh_config()
     train_defaults.add_to(config)
     data_defaults.add_to(config)
+    checkpoint_defaults.add_to(config)
     return config
 
 

@@ -92,7 +92,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
                dynamic_ncols=True)
     last = {"time": time.perf_counter(), "step": start, "tokens": 0.0}
     row: dict = {}
-    for step in range(start, t.steps):
+    step = start
+    while step < t.steps:
         global_batch = schedule.batch_size_at(step, t)
         state, metrics = step_fn(state, to_global(train_iter.next_batch(global_batch), mesh))
         last["tokens"] += global_batch * t.seq_len
@@ -108,10 +109,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
             writer.write(step + 1, {"eval_loss": evaluate(eval_step, state, eval_iter, mesh,
                                                           global_batch, t.eval_batches)})
         if checkpointer is not None:
-            checkpointer.maybe_save(step + 1, state, train_iter)
+            state = checkpointer.maybe_save(step + 1, state, train_iter, metrics)
+            if checkpointer.resume_step is not None:  # rolled back (NaN/Inf loss or spike): go on from there
+                step = bar.n = checkpointer.resume_step
+                continue
         for hook in hooks:
             hook(step + 1, state, metrics)
         bar.update(1)
+        step += 1
+        if checkpointer is not None and checkpointer.stop_requested:  # preempted: saved; finish() closes
+            break
     bar.close()
     summary = {"steps": int(state.step), "final_loss": row.get("loss", math.nan)}
     if eval_iter is not None:

@@ -1,0 +1,221 @@
+"""Offline checkpoint conversion: new mesh / parallel layout, dtype casting, Hugging Face export and import.
+
+    # reshard (e.g. 2 data x 4 expert -> 4 data x 2 expert, ZeRO-1 -> FSDP), cast params to bf16
+    python -m launch.reshard --src=runs/x/checkpoints --dst=/tmp/ck_4x2 --mesh=data:4,expert:2 \\
+        --param_sharding=fsdp --dtype=bfloat16
+    # export the model (params + balancing biases) as a transformers checkpoint
+    python -m launch.reshard --src=runs/x/checkpoints --to_hf=/tmp/hf_out [--hf_layout=legacy]
+    # import a transformers checkpoint as step 0 of a training run (fresh optimizer state)
+    python -m launch.reshard --from_hf=/tmp/hf_out --dst=runs/y/checkpoints --config=experiments/zaya1_tiny.py
+
+`--src` is a checkpoint directory, a step directory or a training workdir (newest committed step unless
+`--step`). On a CPU-only host the emulated device count defaults to the product of `--mesh` (else 8;
+`--cpu_devices=N` overrides). Nothing existing is overwritten: `--dst` / `--to_hf` must be new or empty.
+"""
+
+from launch.cpu_devices import emulate_from_argv, peek_cpu_devices
+
+
+def _mesh_devices(argv: list[str]) -> int:
+    for arg in argv:
+        if arg.startswith("--mesh="):
+            try:
+                sizes = [int(part.split(":", 1)[1]) for part in arg.split("=", 1)[1].split(",") if part]
+            except (IndexError, ValueError):
+                return 8
+            if sizes and all(s > 0 for s in sizes):
+                product = 1
+                for s in sizes:
+                    product *= s
+                return product
+    return 8
+
+
+if __name__ == "__main__":
+    import sys as _sys
+
+    emulate_from_argv(default=peek_cpu_devices(_sys.argv, _mesh_devices(_sys.argv)))
+
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import warnings  # noqa: E402
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
+_DST = flags.DEFINE_string("dst", None, "Output checkpoint directory (new or empty).")
+_STEP = flags.DEFINE_integer("step", None, "Step to convert (default: newest committed).")
+_MESH = flags.DEFINE_string("mesh", None, "Target mesh, e.g. data:4,expert:2 (unnamed axes = 1; -1 fills).")
+_SHARDING = flags.DEFINE_enum("param_sharding", None, ["zero1", "fsdp", "replicated"], "Target parameter layout.")
+_DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Cast parameters (and optimizer state) to this.")
+_TO_HF = flags.DEFINE_string("to_hf", None, "Export the model to this Hugging Face directory.")
+_HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor names of the export.")
+_FROM_HF = flags.DEFINE_string("from_hf", None, "Import this Hugging Face directory as step 0 into --dst.")
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config for --from_hf (default: defaults + "
+                                          "the HF model).", lock_config=True)
+flags.DEFINE_integer("cpu_devices", None, "Emulated CPU devices (default: the --mesh product, else 8).")
+
+GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "num_experts",
+            "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1", "partial_rotary_factor")
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+    """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2}."""
+    from zaya_jax.checkpoint import CheckpointError
+    from zaya_jax.parallel.mesh import AXES
+
+    sizes = dict.fromkeys(AXES, 1)
+    for part in filter(None, spec.split(",")):
+        name, sep, value = part.partition(":")
+        if not sep or name not in AXES or not value.lstrip("-").isdigit():
+            raise CheckpointError(f"--mesh={spec!r}: expected comma-separated axis:size with axes {AXES}, "
+                                  "e.g. data:4,expert:2")
+        sizes[name] = int(value)
+    return sizes
+
+
+def _fresh_dir(path: str, flag: str) -> str:
+    from zaya_jax.checkpoint import CheckpointError
+
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise CheckpointError(f"{flag}={path} exists and is not empty; nothing was written (choose a new directory)")
+    return path
+
+
+def _bar(total: int, desc: str, unit: str = "B"):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024, dynamic_ncols=True)
+
+
+def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, param_sharding: str | None,
+            dtype: str | None) -> dict:
+    """Restore `src` onto the target mesh/layout/dtype and save it to `dst` (same step, meta carried over)."""
+    from zaya_jax.checkpoint import Checkpointer, load_train_state
+    from zaya_jax.checkpoint.manager import tree_nbytes
+    from zaya_jax.checkpoint.model_io import open_checkpoint
+    from zaya_jax.parallel.mesh import make_mesh
+
+    dst = _fresh_dir(dst, "--dst")
+    ck, step, meta, config = open_checkpoint(src, step)
+    ck.close()
+    if mesh_spec:
+        config.mesh.update(parse_mesh(mesh_spec))
+    else:
+        config.mesh.data = -1
+    if param_sharding:
+        config.train.param_sharding = param_sharding
+    if dtype:
+        config.model.param_dtype = dtype
+    mesh = make_mesh(config)
+    import jax
+
+    bar = _bar(0, f"restore step {step}")  # the total grows as each TrainState field is read
+
+    def progress(name: str, nbytes: int) -> None:
+        bar.total = (bar.total or 0) + nbytes
+        bar.set_postfix_str(name)
+        bar.update(nbytes)
+
+    config, step, meta, _, state, _ = load_train_state(src, mesh, config=config, step=step, progress=progress)
+    bar.close()
+    out = Checkpointer(dst, async_save=False)
+    meta = dict(meta, config=json.loads(config.to_json_best_effort()),
+                mesh={k: int(v) for k, v in mesh.shape.items()}, resharded_from=os.path.abspath(src))
+    with _bar(tree_nbytes(state), f"write {dst}") as wbar:
+        info = out.save(step, state, meta, wait=True)
+        wbar.update(tree_nbytes(state))
+    out.close()
+    return {"dst": dst, "step": step, "mesh": meta["mesh"], "param_sharding": config.train.param_sharding,
+            "param_dtype": config.model.param_dtype, "bytes": info["bytes"], "devices": jax.device_count()}
+
+
+def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout: str) -> dict:
+    """Write the checkpoint's model as a transformers directory (config.json + safetensors)."""
+    from zaya_jax import hf
+    from zaya_jax.checkpoint import load_model
+
+    out = _fresh_dir(out, "--to_hf")
+    with _bar(2, "export", "stage") as bar:
+        config, model = load_model(src, step=step, dtype=dtype)
+        bar.update(1)
+        if layout == "hf" and config.model.skip_output != "zero":
+            warnings.warn(f"model.skip_output={config.model.skip_output!r}: transformers' HF-native ZAYA zeroes the "
+                          "skip slot, so its outputs will differ from this model's (use --hf_layout=legacy for "
+                          "ports with the scaled-input skip)", stacklevel=2)
+        hf.save_pretrained(model, out, layout=layout)
+        bar.update(1)
+    return {"to_hf": out, "layout": layout, "param_dtype": config.model.param_dtype}
+
+
+def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype: str | None) -> dict:
+    """Step-0 training checkpoint from a transformers directory (fresh optimizer, balancing and data state)."""
+    from zaya_jax import hf
+    from zaya_jax.checkpoint import CheckpointError, Checkpointer
+    from zaya_jax.config import default_config
+    from zaya_jax.parallel.mesh import make_mesh
+    from zaya_jax.train.optimizer import make_optimizer
+    from zaya_jax.train.state import create_train_state
+
+    dst = _fresh_dir(dst, "--dst")
+    config = config if config is not None else default_config()
+    if dtype:
+        config.model.param_dtype = dtype
+    with _bar(3, "import", "stage") as bar:
+        hf_config, model = hf.load_pretrained(os.path.expanduser(path), dtype=config.model.param_dtype,
+                                              skip_output=config.model.skip_output)
+        if _CONFIG.value is not None:
+            for name in GEOMETRY:
+                if hf_config.model[name] != config.model[name]:
+                    raise CheckpointError(f"--from_hf={path}: {name}={hf_config.model[name]} but the --config has "
+                                          f"model.{name}={config.model[name]}; use a matching config")
+        else:
+            config.model = hf_config.model
+        bar.update(1)
+        if mesh_spec:
+            config.mesh.update(parse_mesh(mesh_spec))
+        mesh = make_mesh(config)
+        _, state, _ = create_train_state(config, mesh, make_optimizer(config), model=model)
+        bar.update(1)
+        out = Checkpointer(dst, async_save=False)
+        meta = {"data": None, "seed": int(config.train.seed), "config": json.loads(config.to_json_best_effort()),
+                "mesh": {k: int(v) for k, v in mesh.shape.items()}, "process_count": 1,
+                "imported_from": os.path.abspath(path)}
+        info = out.save(0, state, meta, wait=True)
+        out.close()
+        bar.update(1)
+    return {"dst": dst, "step": 0, "mesh": meta["mesh"], "bytes": info["bytes"]}
+
+
+def main(argv) -> None:
+    del argv
+    from zaya_jax.checkpoint import CheckpointError
+    from zaya_jax.config import ConfigError, validate
+    from zaya_jax.hf import HFConversionError
+
+    src, dst, to_hf, from_hf = _SRC.value, _DST.value, _TO_HF.value, _FROM_HF.value
+    try:
+        if from_hf:
+            if src or to_hf or not dst:
+                raise CheckpointError("--from_hf needs --dst (and neither --src nor --to_hf)")
+            config = validate(_CONFIG.value) if _CONFIG.value is not None else None
+            result = import_hf(from_hf, dst, config=config, mesh_spec=_MESH.value, dtype=_DTYPE.value)
+        elif src and to_hf:
+            if dst:
+                raise CheckpointError("pass either --dst (reshard) or --to_hf (export), not both")
+            result = export_hf(src, to_hf, step=_STEP.value, dtype=_DTYPE.value, layout=_HF_LAYOUT.value)
+        elif src and dst:
+            result = reshard(src, dst, step=_STEP.value, mesh_spec=_MESH.value, param_sharding=_SHARDING.value,
+                             dtype=_DTYPE.value)
+        else:
+            raise CheckpointError("pass --src with --dst (reshard) or --to_hf (export), or --from_hf with --dst")
+    except (CheckpointError, ConfigError, HFConversionError) as err:
+        sys.exit(f"reshard: error: {err}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,231 @@
+"""Supervise a training process: restart it on crashes, hangs, preemption and device loss.
+
+    python -m launch.supervise --max_restarts=10 --heartbeat_timeout=600 -- \\
+        python -m launch.train --config=experiments/zaya1_tiny.py --workdir=runs/tiny
+
+The trainer writes a heartbeat file every step (`$ZAYA_HEARTBEAT_FILE`, default
+`<workdir>/heartbeat.json`). The supervisor
+* kills (SIGKILL, whole process group) a trainer whose heartbeat stops changing for
+  `--heartbeat_timeout` s while training, or that shows no step within `--startup_timeout` s of
+  starting (import, restore, compilation) or of its last step (final evaluation);
+* restarts a crashed or killed trainer after an exponential backoff (`--backoff` · 2^k, at most
+  `--max_backoff`; k counts consecutive attempts that made no progress), up to `--max_restarts`;
+* restarts a trainer that exited 0 after a preemption (heartbeat phase "preempted"), and stops when
+  one exits 0 having finished;
+* reads the available device count (`--available_devices_file`, default `<workdir>/available_devices`,
+  or `--devices`) before every start and exports `ZAYA_AVAILABLE_DEVICES`, so the trainer rebuilds a
+  smaller mesh (`mesh.data=-1`) and restores onto it;
+* forwards SIGTERM/SIGINT to the trainer (which saves and exits) and then stops.
+Every event goes to the JSONL event log shared with the trainer (`--event_log`, default
+`<workdir>/events.jsonl`); the last row is a summary (restarts by reason, steps lost, downtime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from zaya_jax.checkpoint.elastic import AVAILABLE_DEVICES_ENV
+from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
+from zaya_jax.checkpoint.faults import available_devices_file, read_available_devices
+
+
+_STEP_EVENTS = ("save", "fault", "preempted", "finish")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if "--" not in argv:
+        raise SystemExit("supervise: error: put the trainer command after `--`, e.g. "
+                         "python -m launch.supervise -- python -m launch.train --config=... --workdir=...")
+    split = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m launch.supervise", description=__doc__.split("\n")[0])
+    p.add_argument("--max_restarts", type=int, default=10)
+    p.add_argument("--heartbeat_timeout", type=float, default=600.0, help="s without a new step while training")
+    p.add_argument("--startup_timeout", type=float, default=1800.0, help="s until the first step / after the last")
+    p.add_argument("--backoff", type=float, default=5.0, help="first restart delay (s), doubled per failure")
+    p.add_argument("--max_backoff", type=float, default=300.0)
+    p.add_argument("--workdir", default=None, help="default: the trainer's --workdir")
+    p.add_argument("--checkpoint_dir", default=None, help="default: --config.checkpoint.dir or <workdir>/checkpoints")
+    p.add_argument("--event_log", default=None)
+    p.add_argument("--available_devices_file", default=None)
+    p.add_argument("--devices", type=int, default=None, help="initial available device count")
+    p.add_argument("--grace", type=float, default=120.0, help="s a signalled trainer gets to save and exit")
+    p.add_argument("--poll", type=float, default=0.5)
+    args = p.parse_args(argv[:split])
+    args.command = argv[split + 1:]
+    if not args.command:
+        p.error("no trainer command after `--`")
+    args.workdir = args.workdir or _flag_value(args.command, "--workdir")
+    if not args.workdir:
+        p.error("pass --workdir (or --workdir=... in the trainer command)")
+    args.workdir = os.path.abspath(args.workdir)
+    args.checkpoint_dir = os.path.abspath(args.checkpoint_dir or _flag_value(args.command, "--config.checkpoint.dir")
+                                          or os.path.join(args.workdir, "checkpoints"))
+    args.event_log = args.event_log or os.path.join(args.workdir, "events.jsonl")
+    args.available_devices_file = args.available_devices_file or available_devices_file(args.workdir)
+    return args
+
+
+def _flag_value(command: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(command):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag and i + 1 < len(command):
+            return command[i + 1]
+    return None
+
+
+def committed_steps(directory: str) -> list[int]:
+    """Committed steps: step directories that are not Orbax tmp dirs (local-filesystem rename commit)."""
+    if not os.path.isdir(directory):
+        return []
+    return sorted(int(n) for n in os.listdir(directory) if n.isdigit() and os.path.isdir(os.path.join(directory, n)))
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        os.makedirs(args.workdir, exist_ok=True)
+        self.events = EventLog(args.event_log, "supervisor")
+        self.heartbeat_file = os.path.join(args.workdir, "heartbeat.json")
+        self.stop_signal: str | None = None
+        self.stop_time = 0.0
+        self.proc: subprocess.Popen | None = None
+        self.stats = {"restarts": 0, "by_reason": {}, "steps_lost": 0, "downtime_s": 0.0, "attempts": []}
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_signal, self.stop_time = signal.Signals(signum).name, time.time()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the trainer saves and exits 0
+
+    def _devices(self) -> int | None:
+        return read_available_devices(self.args.available_devices_file) or self.args.devices
+
+    def _kill(self) -> int:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        return self.proc.wait()
+
+    def run_attempt(self, attempt: int, devices: int | None) -> dict:
+        """Start the trainer once and watch it until it exits or is killed."""
+        env = dict(os.environ, **{HEARTBEAT_ENV: self.heartbeat_file, EVENT_LOG_ENV: self.args.event_log})
+        if devices is not None:
+            env[AVAILABLE_DEVICES_ENV] = str(devices)
+        start = time.time()
+        self.proc = subprocess.Popen(self.args.command, env=env, start_new_session=True)
+        self.events.write("child_start", attempt=attempt, child_pid=self.proc.pid, devices=devices,
+                          committed=committed_steps(self.args.checkpoint_dir), command=self.args.command)
+        info = {"attempt": attempt, "pid": self.proc.pid, "start": start, "first_step_time": None,
+                "last_step": None, "last_progress": start, "phase": "start", "reason": None}
+        seen = None
+        while True:
+            rc = self.proc.poll()
+            hb = read_json(self.heartbeat_file)
+            now = time.time()
+            if isinstance(hb, dict) and hb.get("pid") == self.proc.pid and hb != seen:
+                seen, info["phase"], info["last_progress"] = hb, hb.get("phase"), now
+                if hb.get("phase") in ("train", "final", "done", "preempted"):
+                    info["last_step"] = hb.get("step")
+                    info["first_step_time"] = info["first_step_time"] or now
+            if rc is not None:
+                break
+            if self.stop_signal is not None and now - self.stop_time > self.args.grace:
+                self.events.write("grace_expired", attempt=attempt, child_pid=self.proc.pid)
+                info["reason"] = "killed after grace"
+                rc = self._kill()
+                break
+            limit = self.args.heartbeat_timeout if info["phase"] == "train" else self.args.startup_timeout
+            if self.stop_signal is None and now - info["last_progress"] > limit:
+                self.events.write("hang_detected", attempt=attempt, child_pid=self.proc.pid, phase=info["phase"],
+                                  last_step=info["last_step"], silent_s=round(now - info["last_progress"], 1))
+                info["reason"] = "hang"
+                rc = self._kill()
+                break
+            time.sleep(self.args.poll)
+        info.update(rc=rc, end=time.time())
+        if info["reason"] is None:
+            if rc == 0:
+                info["reason"] = "preempted" if info["phase"] == "preempted" else "done"
+            else:
+                info["reason"] = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+        info["committed"] = committed_steps(self.args.checkpoint_dir)
+        # steps the trainer logged itself (a fault may end it after a step but before the heartbeat hook ran)
+        reached = [int(r["step"]) for r in read_events(self.args.event_log)
+                   if r.get("pid") == self.proc.pid and r.get("event") in _STEP_EVENTS and "step" in r]
+        if reached and (info["last_step"] is None or max(reached) > info["last_step"]):
+            info["last_step"] = max(reached)
+        self.events.write("child_exit", attempt=attempt, child_pid=self.proc.pid, rc=rc, reason=info["reason"],
+                          last_step=info["last_step"], phase=info["phase"], committed=info["committed"],
+                          seconds=round(info["end"] - start, 1))
+        return info
+
+    def _restored_step(self, pid: int) -> int | None:
+        for row in read_events(self.args.event_log):
+            if row.get("pid") == pid and row.get("event") in ("restored", "fresh_start"):
+                return int(row.get("step", 0))
+        return None
+
+    def run(self) -> int:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.events.write("supervisor_start", pid=os.getpid(), command=self.args.command,
+                          max_restarts=self.args.max_restarts, heartbeat_timeout=self.args.heartbeat_timeout)
+        attempt, no_progress, prev, devices_before, ok = 0, 0, None, None, False
+        while True:
+            devices = self._devices()
+            if attempt and devices != devices_before:
+                self.events.write("elastic_resize", devices_before=devices_before, devices=devices)
+            devices_before = devices
+            info = self.run_attempt(attempt, devices)
+            self.stats["attempts"].append({k: info[k] for k in ("attempt", "pid", "rc", "reason", "last_step")})
+            if prev is not None:  # account for the restart that led to this attempt
+                restored = self._restored_step(info["pid"])
+                if prev["last_step"] is not None and restored is not None:
+                    self.stats["steps_lost"] += max(0, prev["last_step"] - restored)
+                resumed_at = info["first_step_time"] or info["end"]
+                self.stats["downtime_s"] += max(0.0, resumed_at - prev["last_progress"])
+            made_progress = info["last_step"] is not None
+            if info["reason"] == "done" or self.stop_signal is not None:
+                ok = info["rc"] == 0
+                break
+            if self.stats["restarts"] >= self.args.max_restarts:
+                self.events.write("give_up", restarts=self.stats["restarts"], last_reason=info["reason"])
+                break
+            no_progress = 0 if made_progress else no_progress + 1
+            reason = info["reason"]
+            self.stats["by_reason"][reason] = self.stats["by_reason"].get(reason, 0) + 1
+            delay = 0.0 if reason == "preempted" else min(self.args.backoff * 2 ** no_progress, self.args.max_backoff)
+            self.events.write("restart", attempt=attempt + 1, reason=info["reason"], backoff_s=delay)
+            self._sleep(delay)
+            if self.stop_signal is not None:
+                break
+            self.stats["restarts"] += 1
+            attempt, prev = attempt + 1, info
+        summary = {"ok": ok, "final_step": info["last_step"], "committed": info["committed"],
+                   "restarts": self.stats["restarts"], "by_reason": self.stats["by_reason"],
+                   "steps_lost": self.stats["steps_lost"], "downtime_s": round(self.stats["downtime_s"], 1),
+                   "faults": [r["fault"] for r in read_events(self.args.event_log) if r.get("event") == "fault"],
+                   "stopped_by": self.stop_signal}
+        self.events.write("summary", **summary)
+        print(json.dumps(summary, indent=2))
+        return 0 if ok else 1
+
+    def _sleep(self, seconds: float) -> None:
+        end = time.time() + seconds
+        while self.stop_signal is None and time.time() < end:
+            time.sleep(min(0.2, max(end - time.time(), 0.0)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return Supervisor(parse_args(sys.argv[1:] if argv is None else argv)).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

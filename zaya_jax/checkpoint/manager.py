@@ -1,0 +1,294 @@
+"""`Checkpointer`: the project's wrapper around Orbax's `CheckpointManager`.
+
+One checkpoint = `<dir>/<step>/` with two Orbax items:
+    state   the TrainState pytree (step, params, opt_state, biases, balancing), PyTree handler
+    meta    JSON: format version, step, data-iterator state, seed, config, mesh, save time
+
+Commit protocol: Orbax writes into `<step>.orbax-checkpoint-tmp*` and renames (or writes
+`commit_success.txt` where renames are not atomic); only finalized step directories count as
+committed. `cleanup_uncommitted()` removes leftovers of interrupted saves. Retention (keep the newest
+`keep` committed steps plus every multiple of `keep_every`) is applied here, only to committed steps
+and only while no save is in flight, so the previous good checkpoint is never deleted before the new
+one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
+NamedShardings), so any mesh works.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import time
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from orbax.checkpoint.path import step as ocp_step
+
+from zaya_jax.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from zaya_jax.checkpoint.events import EventLog
+
+STATE, META = "state", "meta"
+FORMAT_VERSION = 1
+TMP_MARKER = ".orbax-checkpoint-tmp"
+
+
+def path_str(path) -> str:
+    """'params/layers/moe/w_in' from a jax key path; NNX `.value` / `raw_value` entries are dropped."""
+    parts = []
+    for key in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+    return "/".join(p for p in parts if p not in ("value", "raw_value"))
+
+
+def abstract_target(tree: Any, shardings: Any, dtype_fn=None) -> Any:
+    """ShapeDtypeStructs (with the given shardings) for every array leaf of `tree`."""
+    def leaf(x, s):
+        dtype = dtype_fn(x) if dtype_fn else x.dtype
+        return jax.ShapeDtypeStruct(x.shape, dtype, sharding=s)
+    return jax.tree.map(leaf, tree, shardings)
+
+
+def tree_nbytes(tree: Any) -> int:
+    return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+class _OrbaxInfoFilter(logging.Filter):
+    """Drops Orbax's per-save INFO lines (dozens per checkpoint); warnings and errors pass."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def quiet_orbax() -> None:
+    logger = logging.getLogger("absl")
+    if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
+        logger.addFilter(_OrbaxInfoFilter())
+
+
+def _check_writable(directory: str) -> None:
+    probe = directory
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe) or "."
+    if not os.path.isdir(probe):
+        raise CheckpointError(f"checkpoint directory {directory}: {probe} exists and is not a directory")
+    read_only_fs = bool(os.statvfs(probe).f_flag & getattr(os, "ST_RDONLY", 1))
+    if read_only_fs or not os.access(probe, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint directory {directory} is not writable ({probe} is read-only); "
+                              "pass a writable --workdir or checkpoint.dir")
+
+
+class Checkpointer:
+    """Save / restore / retain train-state checkpoints in one directory (see module docstring)."""
+
+    def __init__(self, directory: str, *, keep: int = 3, keep_every: int = 0, async_save: bool = True,
+                 read_only: bool = False, events: EventLog | None = None):
+        self.directory = os.path.abspath(os.path.expanduser(directory))
+        self.keep, self.keep_every, self.read_only = max(int(keep), 1), int(keep_every), read_only
+        self.events = events or EventLog(None, "checkpoint")
+        quiet_orbax()
+        if read_only:
+            if not os.path.isdir(self.directory):
+                raise CheckpointError(f"checkpoint directory {self.directory} does not exist")
+        else:
+            _check_writable(self.directory)
+            os.makedirs(self.directory, exist_ok=True)
+        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save and not read_only,
+                                               read_only=read_only, create=not read_only,
+                                               save_interval_steps=0 if read_only else 1,
+                                               cleanup_tmp_directories=False)
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=options,
+            item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()})
+        self._in_flight: tuple[int, float, int] | None = None  # (step, start time, bytes)
+        self.last_save: dict | None = None
+
+    # ---- discovery -------------------------------------------------------------------------------------
+    def committed_steps(self) -> list[int]:
+        """Finalized (committed) steps on disk, ascending."""
+        return sorted(ocp_step.checkpoint_steps(self.directory))
+
+    def latest_step(self) -> int | None:
+        steps = self.committed_steps()
+        return steps[-1] if steps else None
+
+    def step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
+
+    def uncommitted(self) -> list[str]:
+        """Leftovers of interrupted saves: Orbax tmp dirs and step dirs without a commit."""
+        if not os.path.isdir(self.directory):
+            return []
+        committed = {str(s) for s in self.committed_steps()}
+        return sorted(name for name in os.listdir(self.directory)
+                      if os.path.isdir(os.path.join(self.directory, name))
+                      and (TMP_MARKER in name or (name.isdigit() and name not in committed)))
+
+    def cleanup_uncommitted(self) -> list[str]:
+        """Delete uncommitted leftovers (never a committed step); call only when this process is not saving."""
+        removed = []
+        if self.read_only or jax.process_index() != 0:
+            return removed
+        for name in self.uncommitted():
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            removed.append(name)
+            self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
+        self.manager.reload()
+        return removed
+
+    # ---- saving ----------------------------------------------------------------------------------------
+    def save(self, step: int, state: Any, meta: dict, *, wait: bool = False) -> dict:
+        """Save `state` + `meta` as step `step` (async unless `wait`); returns {'step', 'bytes', 'blocking_s'}."""
+        if self.read_only:
+            raise CheckpointError(f"checkpoint directory {self.directory} was opened read-only")
+        self.wait()  # previous save committed (or its error raised) before anything is pruned or written
+        self.prune()
+        if step in self.committed_steps():
+            raise CheckpointError(f"checkpoint step {step} already exists in {self.directory}; refusing to "
+                                  "overwrite it (use a new checkpoint.dir)")
+        nbytes = tree_nbytes(state)
+        self._check_space(nbytes)
+        meta = dict(meta, format_version=FORMAT_VERSION, step=int(step), saved_at=time.time())
+        start = time.perf_counter()
+        try:
+            self.manager.save(int(step), force=True, args=ocp.args.Composite(
+                **{STATE: ocp.args.PyTreeSave(state), META: ocp.args.JsonSave(meta)}))
+        except Exception as err:  # noqa: BLE001 - report any I/O failure as one line
+            raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed: "
+                                  f"{type(err).__name__}: {err}") from err
+        blocking = time.perf_counter() - start
+        self._in_flight = (int(step), start, nbytes)
+        info = {"step": int(step), "bytes": nbytes, "blocking_s": round(blocking, 4)}
+        if wait:
+            info.update(self.wait() or {})
+        return info
+
+    def _check_space(self, nbytes: int) -> None:
+        free = shutil.disk_usage(self.directory).free
+        need = nbytes // max(jax.process_count(), 1) + (1 << 20)
+        if free < need:
+            raise CheckpointError(f"not enough free space in {self.directory} for a checkpoint: need about "
+                                  f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free")
+
+    def wait(self) -> dict | None:
+        """Block until an in-flight save commits; returns its {'step', 'total_s', 'bytes'} (None if none)."""
+        try:
+            self.manager.wait_until_finished()
+            self.manager.check_for_errors()
+        except Exception as err:  # noqa: BLE001
+            step = self._in_flight[0] if self._in_flight else "?"
+            self._in_flight = None
+            raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed: "
+                                  f"{type(err).__name__}: {err}") from err
+        if self._in_flight is None:
+            return None
+        step, start, nbytes = self._in_flight
+        self._in_flight = None
+        if step not in self.committed_steps():
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} did not commit")
+        total = time.perf_counter() - start
+        self.last_save = {"step": step, "total_s": round(total, 4), "bytes": nbytes,
+                          "MiB_per_s": round(nbytes / 2**20 / max(total, 1e-9), 2)}
+        self.events.write("commit", **self.last_save)
+        return self.last_save
+
+    @property
+    def saving(self) -> bool:
+        return self._in_flight is not None
+
+    def steps_to_delete(self, steps: list[int]) -> list[int]:
+        """Committed steps outside the retention policy (never the newest `keep`, never multiples of keep_every)."""
+        keep = set(steps[-self.keep:])
+        if self.keep_every > 0:
+            keep |= {s for s in steps if s % self.keep_every == 0}
+        return [s for s in steps if s not in keep]
+
+    def prune(self) -> list[int]:
+        """Apply retention to committed steps; only call when no save is in flight."""
+        if self.read_only or self._in_flight is not None:
+            return []
+        self.manager.reload()
+        doomed = self.steps_to_delete(self.committed_steps())
+        for s in doomed:
+            self.manager.delete(s)
+        if doomed:
+            self.events.write("prune", steps=doomed)
+        return doomed
+
+    # ---- restoring -------------------------------------------------------------------------------------
+    def read_meta(self, step: int) -> dict:
+        try:
+            restored = self.manager.restore(int(step), args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
+            meta = restored[META]
+        except Exception as err:  # noqa: BLE001
+            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is unreadable: metadata "
+                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} has no zaya_jax metadata "
+                                  f"(format_version {FORMAT_VERSION} expected)")
+        return meta
+
+    def saved_shapes(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{'params/embed': (shape, dtype), ...} of the saved state, read from metadata only."""
+        try:
+            tree = self.manager.item_metadata(int(step))[STATE]
+            tree = getattr(tree, "tree", tree)
+            flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+        except Exception as err:  # noqa: BLE001
+            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is unreadable: state metadata "
+                                  f"({type(err).__name__})") from err
+        return {path_str(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", "")))
+                for p, m in flat if m is not None}
+
+    def check_target(self, step: int, target: Any, *, partial: bool = False) -> None:
+        """Raise a one-line CheckpointError if `target`'s leaves do not match the saved ones (shape / presence)."""
+        saved = self.saved_shapes(step)
+        wanted = {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
+        for name, shape in wanted.items():
+            if name not in saved:
+                raise CheckpointError(f"checkpoint step {step} in {self.directory} has no {name!r} (the config "
+                                      "builds a different model/optimizer than the one saved)")
+            if tuple(saved[name][0]) != shape:
+                raise CheckpointError(f"checkpoint step {step} in {self.directory}: {name!r} has shape "
+                                      f"{list(saved[name][0])} but the config gives {list(shape)}; restore with "
+                                      "the config saved in the checkpoint (meta) or start a new checkpoint.dir")
+        extra = sorted(set(saved) - set(wanted)) if not partial else []
+        if extra:
+            raise CheckpointError(f"checkpoint step {step} in {self.directory} has {len(extra)} entries the config "
+                                  f"does not build (e.g. {extra[0]!r}); the model or optimizer differs")
+
+    def restore(self, step: int, target: Any, *, partial: bool = False) -> tuple[Any, dict]:
+        """(state, meta) of `step`, restored into `target` (ShapeDtypeStructs with shardings; dtypes cast)."""
+        meta = self.read_meta(step)
+        self.check_target(step, target, partial=partial)
+        try:
+            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+            restored = self.manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
+                item=target, restore_args=restore_args, partial_restore=partial)}))
+        except Exception as err:  # noqa: BLE001
+            first = str(err).splitlines()[0][:300] if str(err) else ""
+            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is unreadable: "
+                                         f"{type(err).__name__}: {first}") from err
+        return restored[STATE], meta
+
+    def quarantine(self, step: int) -> str:
+        """Move an unreadable committed step out of the checkpoint directory (nothing is deleted)."""
+        dest_root = self.directory.rstrip("/") + ".corrupt"
+        os.makedirs(dest_root, exist_ok=True)
+        dest = os.path.join(dest_root, f"step-{step}-{int(time.time() * 1000)}")
+        if jax.process_index() == 0:
+            shutil.move(self.step_dir(step), dest)
+        self.manager.reload()
+        return dest
+
+    def close(self) -> None:
+        try:
+            self.wait()
+            self.prune()
+        finally:
+            self.manager.close()

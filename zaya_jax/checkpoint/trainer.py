@@ -1,0 +1,254 @@
+"""`TrainCheckpointer`: checkpointing and in-process fault tolerance for `zaya_jax.train.loop.train`.
+
+The loop calls, in order:
+    state = ckpt.restore_or_keep(state, state_shardings, train_iter)   # resume onto the current mesh
+    state = ckpt.maybe_save(step, state, train_iter, metrics)          # after every step
+        → ckpt.resume_step is not None: rolled back, continue from that step
+        → ckpt.stop_requested: preempted (already saved), leave the loop
+    ckpt.finish(step, state, train_iter)                               # final save, wait, retention
+
+Per step: injected metric faults → loss guard (NaN/Inf, z-score spike; the previous step's metrics are
+checked lazily so the host does not wait for the device, except at save steps and the last step) →
+periodic async save → injected process faults → preemption. A rollback restores the newest
+committed checkpoint and keeps the data iterator where it is, so the batches since that checkpoint
+(including the offending one) are skipped. SIGTERM/SIGINT finish the step, save, and stop the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import threading
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from zaya_jax.checkpoint import defaults, faults as faults_lib
+from zaya_jax.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from zaya_jax.checkpoint.events import EVENT_LOG_ENV, EventLog, Heartbeat
+from zaya_jax.checkpoint.guard import LossGuard
+from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
+
+
+def checkpoint_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
+    return os.path.abspath(os.path.expanduser(config.checkpoint.dir or os.path.join(workdir, "checkpoints")))
+
+
+class TrainCheckpointer:
+    """The training loop's checkpoint / fault-tolerance object (protocol in the module docstring)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, events: EventLog | None = None,
+                 heartbeat: Heartbeat | None = None, handle_signals: bool = True):
+        defaults.validate(config)
+        c = config.checkpoint
+        self.config, self.workdir, self.every = config, workdir, int(c.every)
+        primary = jax.process_index() == 0
+        log_path = os.environ.get(EVENT_LOG_ENV) or os.path.join(workdir, "events.jsonl")
+        self.events = events or EventLog(log_path, "trainer", enabled=primary)
+        self.heartbeat = heartbeat or Heartbeat.for_workdir(workdir, int(config.train.steps), enabled=primary)
+        self.ckpt = Checkpointer(checkpoint_dir(config, workdir), keep=c.keep, keep_every=c.keep_every,
+                                 async_save=c.async_save, events=self.events)
+        self.guard = LossGuard(nan_guard=c.nan_guard, spike_zscore=c.spike_zscore, window=c.spike_window)
+        self.faults = faults_lib.FaultInjector.from_config(config, workdir, self.events)
+        self.max_rollbacks = int(c.max_rollbacks)
+        self.resume_step: int | None = None
+        self.stop_requested, self.stop_signal = False, None
+        self._target = self._shardings = None
+        self._pending: tuple[int, Any] | None = None
+        self._last_saved: int | None = None
+        self._rollbacks: collections.Counter = collections.Counter()
+        self._old_handlers: dict = {}
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    # ---- signals ---------------------------------------------------------------------------------------
+    def _on_signal(self, signum, frame) -> None:
+        if self.stop_requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+        self.stop_requested, self.stop_signal = True, signal.Signals(signum).name
+
+    def _restore_signal_handlers(self) -> None:
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        self._old_handlers = {}
+
+    # ---- restore ---------------------------------------------------------------------------------------
+    def _meta(self, train_iter) -> dict:
+        mesh = jax.tree.leaves(self._shardings)[0].mesh if self._shardings is not None else None
+        return {"data": train_iter.get_state() if train_iter is not None else None,
+                "seed": int(self.config.train.seed),
+                "config": json.loads(self.config.to_json_best_effort()),
+                "mesh": {k: int(v) for k, v in mesh.shape.items()} if mesh is not None else None,
+                "process_count": jax.process_count(),
+                "rollbacks": {str(k): v for k, v in self._rollbacks.items()}}
+
+    def restore_or_keep(self, state: Any, shardings: Any, train_iter: Any = None) -> Any:
+        """The newest readable committed checkpoint restored onto `shardings`' mesh, else `state` unchanged."""
+        self._shardings = shardings
+        self._target = abstract_target(state, shardings)
+        self.heartbeat.beat(int(state.step), "start")
+        self.ckpt._check_space(tree_nbytes(state))
+        self.ckpt.cleanup_uncommitted()
+        self.events.write("start", checkpoint_dir=self.ckpt.directory, devices=jax.device_count(),
+                          mesh={k: int(v) for k, v in jax.tree.leaves(shardings)[0].mesh.shape.items()},
+                          committed=self.ckpt.committed_steps())
+        if not self.config.checkpoint.restore:
+            return state
+        quarantined = []
+        for step in reversed(self.ckpt.committed_steps()):
+            try:
+                restored, meta = self.ckpt.restore(step, self._target)
+            except CorruptCheckpointError as err:
+                dest = self.ckpt.quarantine(step)
+                quarantined.append(dest)
+                self.events.write("checkpoint_corrupt", step=step, error=str(err), moved_to=dest)
+                continue
+            self._restore_data(step, meta, train_iter)
+            self._last_saved = step
+            self._rollbacks.update({int(k): int(v) for k, v in (meta.get("rollbacks") or {}).items()})
+            self.events.write("restored", step=step, saved_mesh=meta.get("mesh"),
+                              mesh=self._meta(None)["mesh"], data=meta.get("data"))
+            self.heartbeat.beat(step, "start")
+            return restored
+        if quarantined:
+            raise CheckpointError(f"no readable checkpoint left in {self.ckpt.directory} (unreadable steps moved "
+                                  f"to {os.path.dirname(quarantined[0])}); rerun to start from step 0")
+        self.events.write("fresh_start", step=int(state.step))
+        return state
+
+    def _restore_data(self, step: int, meta: dict, train_iter: Any) -> None:
+        if train_iter is None or meta.get("data") is None:
+            return
+        try:
+            train_iter.set_state(meta["data"])
+        except ValueError as err:
+            raise CheckpointError(f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}") from err
+
+    # ---- per step --------------------------------------------------------------------------------------
+    def maybe_save(self, step: int, state: Any, train_iter: Any = None, metrics: dict | None = None) -> Any:
+        """Guard, save every `checkpoint.every` steps, inject faults, handle preemption. Returns the state."""
+        self.resume_step = None
+        state, metrics = self._metric_faults(step, state, metrics)
+        save_now = bool(self.every and step % self.every == 0) or self.stop_requested
+        bad = self._check(step, metrics, blocking=save_now or step >= int(self.config.train.steps))
+        if bad is not None:
+            return self._rollback(bad[0], bad[1], step, train_iter)
+        if save_now:
+            self._save(step, state, train_iter)
+        self.faults.process_faults(step)
+        if self.stop_requested:
+            todo, self._pending = ([self._pending] if self._pending is not None else []), None
+            bad = self._run_checks(todo)
+            if bad is not None:  # never save a bad state, even when preempted
+                return self._rollback(bad[0], bad[1], step, train_iter)
+            self._save(step, state, train_iter, wait=True)
+            self.ckpt.wait()
+            self.events.write("preempted", step=step, signal=self.stop_signal)
+        return state
+
+    def _metric_faults(self, step: int, state: Any, metrics: dict | None):
+        if fault := self.faults.due("nan", step):
+            self.faults.record(fault, step)
+            leaves, treedef = jax.tree.flatten(state.params)
+            leaves[0] = leaves[0] * jnp.nan  # one poisoned tensor is enough to poison the next forward
+            state = state._replace(params=jax.tree.unflatten(treedef, leaves))
+            metrics = dict(metrics or {}, loss=float("nan"))
+        if fault := self.faults.due("spike", step):
+            self.faults.record(fault, step)
+            metrics = dict(metrics or {}, loss=float(metrics["loss"]) * 100.0)
+        return state, metrics
+
+    def _check(self, step: int, metrics: dict | None, *, blocking: bool) -> tuple[int, str] | None:
+        """(bad step, reason) for the first flagged pending/current metrics, else None."""
+        if not self.guard.enabled or metrics is None:
+            return None
+        todo = [self._pending] if self._pending is not None else []
+        self._pending = None
+        if blocking:
+            todo.append((step, metrics))
+        else:
+            self._pending = (step, metrics)
+        return self._run_checks(todo)
+
+    def _run_checks(self, todo: list[tuple[int, Any]]) -> tuple[int, str] | None:
+        for s, m in todo:
+            grad_norm = float(m["grad_norm"]) if "grad_norm" in m else None
+            reason = self.guard.check(s, float(m["loss"]), grad_norm)
+            if reason is not None:
+                self._pending = None
+                return s, reason
+        return None
+
+    def _rollback(self, bad_step: int, reason: str, step: int, train_iter: Any) -> Any:
+        self.ckpt.wait()  # an in-flight save passed the guard: let it commit and count as good
+        target = self.ckpt.latest_step()
+        if target is None:
+            raise CheckpointError(f"step {bad_step}: {reason}, and there is no committed checkpoint in "
+                                  f"{self.ckpt.directory} to roll back to; lower the learning rate or save earlier")
+        self._rollbacks[target] += 1
+        if self._rollbacks[target] > self.max_rollbacks:
+            raise CheckpointError(f"step {bad_step}: {reason}; already rolled back to step {target} "
+                                  f"{self.max_rollbacks} times (checkpoint.max_rollbacks), giving up")
+        restored, _ = self.ckpt.restore(target, self._target)
+        self.guard.rewind(target)
+        data = train_iter.get_state() if train_iter is not None else None
+        self.events.write("rollback", bad_step=bad_step, reason=reason, to_step=target,
+                          skipped_steps=[target + 1, step], data=data, count=self._rollbacks[target])
+        self.resume_step = target
+        self._last_saved = target
+        return restored
+
+    def _save(self, step: int, state: Any, train_iter: Any, *, wait: bool = False) -> None:
+        if self._last_saved == step:
+            return
+        info = self.ckpt.save(step, state, self._meta(train_iter), wait=wait)
+        self._last_saved = step
+        self.events.write("save", **info)
+        if fault := self.faults.due("sigkill_during_save", step):
+            in_flight = step not in self.ckpt.committed_steps()
+            self.faults.kill_now(fault, step, in_flight=in_flight)
+        if fault := self.faults.due("corrupt_checkpoint", step):
+            self.ckpt.wait()
+            damaged = faults_lib.corrupt_step_dir(self.ckpt.step_dir(step))
+            self.faults.record(fault, step, files=len(damaged))
+            raise faults_lib.InjectedFault(f"injected corruption of checkpoint step {step}")
+
+    def abort(self) -> None:
+        """The run is failing (exception / KeyboardInterrupt): let an in-flight save of a good state commit."""
+        try:
+            self.ckpt.wait()
+        except CheckpointError as err:
+            self.events.write("abort_save_failed", error=str(err))
+        finally:
+            self._restore_signal_handlers()
+        self.events.write("abort", last_save=self.ckpt.last_save)
+
+    def save_now(self, step: int, state: Any, train_iter: Any = None, *, wait: bool = True) -> None:
+        """On-demand save (e.g. from a hook or an interactive session)."""
+        self._save(step, state, train_iter, wait=wait)
+
+    # ---- end -------------------------------------------------------------------------------------------
+    def finish(self, step: int, state: Any, train_iter: Any = None) -> None:
+        """Save the final step (if not saved yet), wait for commits, apply retention, close."""
+        try:
+            if step > 0 and self._last_saved != step:
+                self._save(step, state, train_iter)
+            self.ckpt.close()
+        finally:
+            self._restore_signal_handlers()
+        phase = "preempted" if self.stop_requested else "done"
+        self.heartbeat.beat(step, phase)
+        self.events.write("finish", step=step, phase=phase, last_save=self.ckpt.last_save)
+
+
+def make_checkpointer(config: ml_collections.ConfigDict, workdir: str, **kwargs) -> TrainCheckpointer:
+    """The loop's checkpointer for `config.checkpoint` (adds the section's defaults if the config lacks it)."""
+    if "checkpoint" not in config:
+        with config.unlocked():
+            defaults.add_to(config)
+    return TrainCheckpointer(config, workdir, **kwargs)
