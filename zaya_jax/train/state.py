@@ -70,3 +70,26 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.
             _, params, biases = split_model(model)
             state = jax.jit(build, out_shardings=shardings)(params, biases)
     return graphdef, state, shardings
+
+
+def abstract_train_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation):
+    """The TrainState as `jax.ShapeDtypeStruct` leaves carrying their `NamedSharding`s — nothing is allocated.
+
+    Same structure, shapes, dtypes and shardings as `create_train_state` produces, for `.lower()`-ing the
+    train step (memory / FLOP planning) or as an Orbax restore target. Returns (graphdef, abstract state,
+    state shardings).
+    """
+    m = config.model
+    graphdef, _, _ = split_model(abstract_model(m))
+
+    def fresh():
+        _, params, biases = split_model(Zaya(m, rngs=nnx.Rngs(params=config.train.seed)))
+        bias_values = jax.tree.leaves(biases)[0]
+        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), biases,
+                          balancing.init_balancing(bias_values))
+
+    abs_state = jax.eval_shape(fresh)
+    specs = _state_specs(abs_state, mesh, config.train.param_sharding)
+    shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+    abs_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abs_state, shardings)
+    return graphdef, abs_state, shardings

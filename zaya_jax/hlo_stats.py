@@ -1,0 +1,353 @@
+"""Statistics from optimized HLO text (`compiled.as_text()`): dot FLOPs, collective bytes, loop trip counts.
+
+Why parse text: XLA's `compiled.cost_analysis()` visits every while-loop body **once** (a `jax.lax.scan`
+over 40 layers is counted as one layer), and it gives no per-collective breakdown. This module splits
+the module into computations, builds the call graph (fusion `calls=`, `while` body × its
+`known_trip_count`, `call`, `conditional` branches) and gives every computation its execution count
+per program run. Everything is **per device** (the SPMD-partitioned program one device runs).
+
+* `dot_flops`: 2 · |result| · |contracted dims| for every `dot` (and a `convolution` estimate), weighted
+  by the execution count. Elementwise work is not counted (it is < 1% for transformer-sized GEMMs).
+* collectives: operand bytes of every all-reduce / all-gather / reduce-scatter / all-to-all /
+  collective-permute (async `-start` forms included), weighted by the execution count, with the group
+  size parsed from `replica_groups` for bus-bandwidth factors.
+* `hbm_bytes`: operand + result bytes of every top-level instruction (fusion bodies excluded), slicing-aware
+  like XLA's cost analysis (a sliced fusion parameter counts its slice, an in-place dynamic-update-slice its
+  update); `hbm_bytes_once` reproduces `cost_analysis()["bytes accessed"]` to a few percent.
+* `dot_flops_by_tag`: dot FLOPs split by the op_name metadata JAX attaches (default: forward/backward ops
+  emitted under `jvp` vs everything else, i.e. the optimizer update).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections import defaultdict
+from typing import Callable
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+               "ragged-all-to-all", "collective-broadcast")
+# bytes a device puts on its links per byte of the collective's per-device operand S (busbw convention,
+# `paper-systems.md` §5): ring all-reduce 2(n-1)/n·S; all-gather (n-1)·S_in; reduce-scatter / all-to-all (n-1)/n·S
+WIRE_FACTOR = {
+    "all-reduce": lambda n: 2 * (n - 1) / n,
+    "all-gather": lambda n: n - 1,
+    "reduce-scatter": lambda n: (n - 1) / n,
+    "all-to-all": lambda n: (n - 1) / n,
+    "ragged-all-to-all": lambda n: (n - 1) / n,
+    "collective-permute": lambda n: 1.0,
+    "collective-broadcast": lambda n: 1.0,
+}
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+_NAME = re.compile(r"%([\w.\-]+)")
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    shape: str  # result shape text (array or tuple)
+    opcode: str
+    operands: list[str]
+    attrs: str
+    args: str = ""  # raw text inside the opcode's parentheses (e.g. a constant's value)
+    root: bool = False
+
+
+@dataclasses.dataclass
+class CollectiveStats:
+    count: int = 0  # executions per step (static ops × loop trip counts)
+    operand_bytes: float = 0.0  # Σ per-device operand bytes over executions
+    wire_bytes: float = 0.0  # Σ bytes sent per device (busbw factors applied)
+
+
+@dataclasses.dataclass
+class HloStats:
+    """Per-device statistics of one SPMD program run."""
+
+    dot_flops: float
+    dot_flops_once: float  # the same with every loop body counted once (what cost_analysis does)
+    dot_flops_by_tag: dict[str, float]  # dot_flops split by `classify(op_name metadata)`
+    hbm_bytes: float  # memory-traffic estimate: operands + results of every top-level op (slicing-aware)
+    hbm_bytes_once: float  # the same with every loop body counted once
+    collectives: dict[str, CollectiveStats]
+    trip_counts: dict[str, int]  # while body computation → trip count
+    unknown_trip_counts: int
+    num_instructions: int
+
+    @property
+    def collective_bytes(self) -> float:
+        return sum(c.operand_bytes for c in self.collectives.values())
+
+    @property
+    def wire_bytes(self) -> float:
+        return sum(c.wire_bytes for c in self.collectives.values())
+
+
+def shape_bytes(shape: str) -> float:
+    """Bytes of an array or tuple shape text, e.g. `f32[4,8]{1,0}` or `(bf16[2], s32[])`."""
+    total = 0.0
+    for dtype, dims in _ARRAY.findall(shape):
+        if dtype in DTYPE_BYTES:
+            total += DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def shape_dims(shape: str) -> list[int]:
+    m = _ARRAY.search(shape)
+    return [int(d) for d in m.group(2).split(",") if d] if m else []
+
+
+def _balanced(text: str, start: int) -> int:
+    """Index just past the parenthesis group opening at text[start] == '('."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def _parse_instr(line: str) -> Instr | None:
+    m = _INSTR.match(line)
+    if not m:
+        return None
+    name, rest = m.group(1), m.group(2)
+    if rest.startswith("("):
+        end = _balanced(rest, 0)
+        shape, rest = rest[:end], rest[end:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    op = re.match(r"([\w\-]+)\(", rest)
+    if not op:
+        return None
+    end = _balanced(rest, op.end() - 1)
+    args = rest[op.end():end - 1]
+    return Instr(name, shape, op.group(1), _NAME.findall(args), rest[end:], args, line.lstrip().startswith("ROOT"))
+
+
+def parse_computations(text: str) -> tuple[dict[str, list[Instr]], str]:
+    """{computation name: instructions} and the ENTRY computation's name."""
+    comps: dict[str, list[Instr]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header.group(2)
+            comps[current] = []
+            if header.group(1):
+                entry = current
+        elif line.strip() == "}":
+            current = None
+        elif current is not None:
+            instr = _parse_instr(line)
+            if instr is not None:
+                comps[current].append(instr)
+    return comps, entry
+
+
+def _trip_count(instr: Instr, comps: dict[str, list[Instr]]) -> int | None:
+    m = re.search(r'known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', instr.attrs)
+    if m:
+        return int(m.group(1))
+    cond = re.search(r"condition=%?([\w.\-]+)", instr.attrs)  # fallback: the loop bound in the condition
+    consts = [int(i.args) for i in comps.get(cond.group(1) if cond else "", [])
+              if i.opcode == "constant" and i.args.isdigit() and i.shape.startswith(("s32[]", "s64[]"))]
+    return max(consts) if consts else None
+
+
+def _callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int | None]]:
+    """(callee, multiplier) for computations this instruction runs; None multiplier = unknown trip count."""
+    a = instr.attrs
+    if instr.opcode == "while":
+        body = re.search(r"body=%?([\w.\-]+)", a)
+        return [(body.group(1), _trip_count(instr, comps))] if body else []
+    out = [(c, 1) for c in re.findall(r"calls=%?([\w.\-]+)", a)]
+    if instr.opcode == "call":
+        out += [(c, 1) for c in re.findall(r"to_apply=%?([\w.\-]+)", a)]
+    branches = re.search(r"branch_computations=\{([^}]*)\}", a)
+    if branches:
+        out += [(c, 1) for c in _NAME.findall(branches.group(1))]
+    out += [(c, 1) for c in re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", a)]
+    return out
+
+
+def _group_size(attrs: str, num_devices: int) -> int:
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
+    if m:
+        return int(m.group(2))
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if m:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        return math.prod(int(sizes[a]) for a in re.findall(r"'([^']+)'", m.group(2)) if a in sizes) or 1
+    m = re.search(r"replica_groups=\{\{([^}]*)\}", attrs)
+    if m:
+        return len([x for x in m.group(1).split(",") if x.strip()])
+    return num_devices
+
+
+def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
+    out = math.prod(shape_dims(instr.shape))
+    if instr.opcode == "dot":
+        lhs = shape_dims(shapes.get(instr.operands[0], "")) if instr.operands else []
+        m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", instr.attrs)
+        dims = [int(d) for d in m.group(1).split(",") if d] if m else []
+        return 2.0 * out * math.prod(lhs[d] for d in dims if d < len(lhs))
+    # convolution: 2 · |out| · |kernel| / out_features
+    kernel = shape_dims(shapes.get(instr.operands[1], "")) if len(instr.operands) > 1 else []
+    labels = re.search(r"dim_labels=\w+_(\w+)->", instr.attrs)
+    o_dim = labels.group(1).find("o") if labels else -1
+    if not kernel or o_dim < 0:
+        return 0.0
+    return 2.0 * out * math.prod(kernel) / kernel[o_dim]
+
+
+def _multiplicities(comps: dict[str, list[Instr]], entry: str, unroll: bool) -> tuple[dict[str, float], int]:
+    """Executions of every computation per run of `entry` (unroll=False: every loop counted once)."""
+    mult: dict[str, float] = defaultdict(float)
+    unknown = 0
+
+    def visit(name: str, times: float, stack: tuple) -> None:
+        nonlocal unknown
+        if name not in comps or name in stack:
+            return
+        mult[name] += times
+        for instr in comps[name]:
+            for callee, k in _callees(instr, comps):
+                if k is None:
+                    unknown += 1
+                    k = 1
+                visit(callee, times * (k if unroll else 1), stack + (name,))
+
+    visit(entry, 1.0, ())
+    return mult, unknown
+
+
+_NO_TRAFFIC = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
+                         "partition-id", "replica-id", "while", "call", "conditional"})
+_SLICES = ("dynamic-slice", "slice", "gather")
+
+
+_VIEWS = ("convert", "bitcast", "reshape", "copy")  # looked through when matching slice / in-place patterns
+
+
+def _fusion_traffic(instr: Instr, shapes: dict[str, str], callee: list[Instr]) -> float:
+    """Bytes a fusion reads and writes: a parameter only sliced inside counts its slices, a buffer updated
+    in place (dynamic-update-slice, possibly wrapped in converts by XLA:CPU) counts only the update — as
+    XLA's cost analysis treats them (and as an accelerator executes them)."""
+    by_name = {i.name: i for i in callee}
+    params = {int(i.args): i.name for i in callee if i.opcode == "parameter" and i.args.isdigit()}
+
+    def users(name: str) -> list[tuple[Instr, str]]:
+        out = []
+        for u in callee:
+            if name in u.operands:
+                out += users(u.name) if u.opcode in _VIEWS else [(u, name)]
+        return out
+
+    total = 0.0
+    for idx, operand in enumerate(instr.operands):
+        uses = users(params[idx]) if idx in params else []
+        if uses and all(u.opcode in _SLICES and u.operands[0] == via for u, via in uses):
+            total += sum(shape_bytes(u.shape) for u, _ in uses)
+        elif not any(u.opcode == "dynamic-update-slice" and u.operands[0] == via for u, via in uses):
+            total += shape_bytes(shapes.get(operand, ""))
+    root = next((i for i in callee if i.root), None)
+    while root is not None and root.opcode in _VIEWS and root.operands:
+        root = by_name.get(root.operands[0])
+    if root is not None and root.opcode == "dynamic-update-slice" and len(root.operands) > 1:
+        return total + shape_bytes(by_name[root.operands[1]].shape if root.operands[1] in by_name else "")
+    return total + shape_bytes(instr.shape)
+
+
+def _traffic(instr: Instr, shapes: dict[str, str], comps: dict[str, list[Instr]]) -> float:
+    op = instr.opcode
+    if op in _NO_TRAFFIC or op.endswith("-done"):
+        return 0.0
+    if op in _SLICES:
+        return 2 * shape_bytes(instr.shape)
+    if op == "dynamic-update-slice" and len(instr.operands) > 1:
+        return 2 * shape_bytes(shapes.get(instr.operands[1], ""))
+    callee = re.search(r"calls=%?([\w.\-]+)", instr.attrs)
+    if op == "fusion" and callee and callee.group(1) in comps:
+        return _fusion_traffic(instr, shapes, comps[callee.group(1)])
+    return shape_bytes(instr.shape) + sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
+
+
+def autodiff_tag(op_name: str) -> str:
+    """Default `classify`: "autodiff" for ops JAX emitted under `jvp`/`transpose` (a train step's forward and
+    backward pass), "other" for the rest (e.g. the optimizer update)."""
+    return "autodiff" if "jvp(" in op_name else "other"
+
+
+def _op_name(instr: Instr) -> str:
+    m = re.search(r'op_name="([^"]*)"', instr.attrs)
+    return m.group(1) if m else ""
+
+
+def _caller_op_names(comps: dict[str, list[Instr]]) -> dict[str, str]:
+    """For every called computation, an op_name describing its call site: the calling instruction's own, else
+    that of an instruction producing one of its operands, else the enclosing computation's call site."""
+    direct, parent = {}, {}
+    for comp, instrs in comps.items():
+        by_name = {i.name: i for i in instrs}
+        for instr in instrs:
+            for callee, _ in _callees(instr, comps):
+                names = [_op_name(instr)] + [_op_name(by_name[o]) for o in instr.operands if o in by_name]
+                direct.setdefault(callee, next((n for n in names if n), ""))
+                parent.setdefault(callee, comp)
+
+    def resolve(comp: str, depth: int = 0) -> str:
+        if direct.get(comp) or comp not in parent or depth > 50:
+            return direct.get(comp, "")
+        return resolve(parent[comp], depth + 1)
+
+    return {comp: resolve(comp) for comp in direct}
+
+
+def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodiff_tag) -> HloStats:
+    """Parse `compiled.as_text()` of one SPMD program; see the module docstring. `classify(op_name) -> tag`
+    splits the dot FLOPs (an instruction without metadata inherits its calling fusion's op_name)."""
+    comps, entry = parse_computations(text)
+    caller_op = _caller_op_names(comps)
+    mult, unknown = _multiplicities(comps, entry, unroll=True)
+    once, _ = _multiplicities(comps, entry, unroll=False)
+    fused = {c for instrs in comps.values() for i in instrs for c, _ in _callees(i, comps)
+             if i.opcode not in ("while", "call", "conditional")}
+    flops = flops_once = traffic = traffic_once = 0.0
+    coll: dict[str, CollectiveStats] = {}
+    by_tag: dict[str, float] = defaultdict(float)
+    trips: dict[str, int] = {}
+    for name, instrs in comps.items():
+        k, k1 = mult.get(name, 0.0), once.get(name, 0.0)
+        if k == 0:
+            continue
+        shapes = {i.name: i.shape for i in instrs}
+        for instr in instrs:
+            if instr.opcode in ("dot", "convolution"):
+                f = _dot_flops(instr, shapes)
+                flops, flops_once = flops + k * f, flops_once + k1 * f
+                by_tag[classify(_op_name(instr) or caller_op.get(name, ""))] += k * f
+            elif instr.opcode == "while":
+                body = re.search(r"body=%?([\w.\-]+)", instr.attrs)
+                trip = _trip_count(instr, comps)
+                if body and trip is not None:
+                    trips[body.group(1)] = trip
+            kind = instr.opcode[:-6] if instr.opcode.endswith("-start") else instr.opcode
+            if kind in COLLECTIVES:
+                size = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
+                n = _group_size(instr.attrs, num_devices)
+                stats = coll.setdefault(kind, CollectiveStats())
+                stats.count += int(k)
+                stats.operand_bytes += k * size
+                stats.wire_bytes += k * size * WIRE_FACTOR[kind](max(n, 1))
+            if name not in fused:
+                t = _traffic(instr, shapes, comps)
+                traffic, traffic_once = traffic + k * t, traffic_once + k1 * t
+    return HloStats(flops, flops_once, dict(by_tag), traffic, traffic_once, coll, trips, unknown,
+                    sum(len(v) for v in comps.values()))

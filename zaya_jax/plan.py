@@ -1,0 +1,353 @@
+"""Plan a training run without hardware: compile the real train step from abstract shapes on an (emulated)
+CPU mesh and report per-device memory, FLOPs, collective bytes and a roofline step time.
+
+Nothing is allocated: the train state is `jax.eval_shape`d (`train.state.abstract_train_state`), the batch
+is `jax.ShapeDtypeStruct`s with their shardings, and the jitted step of `train.step.make_train_step` is
+`.lower(...).compile()`d. Sources of each number:
+
+* memory — `compiled.memory_analysis()` (arguments, outputs, donated aliases, temporaries) next to
+  analytic per-device bytes of parameters and optimizer state from the sharded shapes;
+* FLOPs — XLA runs one SPMD program per device, so `cost_analysis()` and the HLO describe **one device**;
+  per-step totals are per-device × device count (every partition runs the same program on equal shards).
+  `cost_analysis()` also counts every while-loop body **once** (the layer scan = one layer), so the
+  planner takes dot FLOPs from the HLO text with loop trip counts applied (`hlo_stats`) and compares them
+  with the analytic `6·N_active·tokens + attention` (`model.flops`) plus explicit, separately listed
+  extras XLA really executes: the masked upper triangle of attention, capacity padding, remat recompute
+  and Muon's Newton–Schulz iterations;
+* collectives — operand bytes of every collective in the HLO, × loop trip counts;
+* roofline — max(FLOPs / peak, HBM bytes / bandwidth) + collective wire bytes / link bandwidth.
+
+XLA:CPU differs from an accelerator backend: it upcasts bf16 dots to f32, fuses less, and lowers ZeRO-1's
+reduce-scatter as all-reduce + slice. Memory and HBM-traffic figures are therefore estimates (usually
+upper bounds) for the target accelerator.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import NamedSharding
+
+from zaya_jax import hlo_stats, sizing
+from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
+from zaya_jax.model.moe import capacity
+from zaya_jax.parallel import sharding
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, resolve_mesh_shape
+from zaya_jax.train import optimizer as optimizer_lib
+from zaya_jax.train.state import abstract_train_state
+from zaya_jax.train.step import BATCH_KEYS, make_train_step
+
+# XLA options that only shorten LLVM code generation; HLO passes, buffer assignment and cost analysis are
+# unchanged (the planner never runs the program).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+# per-device link bandwidth for collectives, bytes/s [I from paper-systems.md §5 (B)]: xGMI 7 links × ≈48 GB/s
+# achieved inside an 8-GPU node; one Pollara 400 NIC (50 GB/s) per GPU across nodes
+LINK_BANDWIDTH = {"xgmi": 7 * 48e9, "pollara": 50e9}
+REMAT_AUTO_ORDER = ("none", "dots", "full")
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """`"data:8"` / `"data:2,expert:4"` → sizes for all mesh axes (unnamed axes = 1)."""
+    sizes = {axis: 1 for axis in AXES}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition(":")
+        if name not in sizes or not value.lstrip("-").isdigit():
+            raise ValueError(f"--mesh entry {part!r}: use axis:size with axis in {AXES}, e.g. data:8")
+        sizes[name] = int(value)
+    return sizes
+
+
+def planning_config(config: ml_collections.ConfigDict, *, mesh: dict[str, int] | None = None,
+                    seq_len: int | None = None, batch_per_device: int = 1, microbatches: int | None = None,
+                    remat: str | None = None, param_sharding: str | None = None, dispatch: str | None = "auto",
+                    capacity_factor: float | None = None, num_devices: int | None = None
+                    ) -> tuple[ml_collections.ConfigDict, list[str]]:
+    """A copy of `config` set up for planning, and notes on what was changed.
+
+    The global batch is `batch_per_device` sequences per batch shard (data × expert) per micro-batch.
+    dispatch="auto": 'ep' (per-device capacity buffers, sized like a dropless grouped GEMM at cf = 1) unless
+    the config uses 'dense'; 'capacity' computes one *global* capacity that GSPMD partitions with
+    all-gathers / all-reduces of the whole buffer, and XLA:CPU lowers 'ragged' to a dense masked dot (E×).
+    """
+    cfg, notes = copy.deepcopy(config), []
+    with cfg.unlocked():
+        m, t = cfg.model, cfg.train
+        if mesh is not None:
+            for axis in AXES:
+                cfg.mesh[axis] = int(mesh.get(axis, 1))
+        sizes = resolve_mesh_shape(cfg.mesh, num_devices or jax.device_count())
+        for axis, size in sizes.items():
+            cfg.mesh[axis] = size
+        if seq_len:
+            t.seq_len = int(seq_len)
+        if microbatches:
+            t.microbatches = int(microbatches)
+        t.global_batch_size = batch_per_device * math.prod(sizes[a] for a in BATCH_AXES) * t.microbatches
+        t.batch_ramp = ()
+        if remat:
+            m.remat = remat
+        if param_sharding:
+            t.param_sharding = param_sharding
+        if dispatch == "auto":
+            dispatch = "dense" if m.dispatch == "dense" else "ep"
+        if dispatch and dispatch != m.dispatch:
+            notes.append(f"dispatch {m.dispatch!r} -> {dispatch!r} for planning")
+            m.dispatch = dispatch
+        if capacity_factor and capacity_factor != m.capacity_factor:
+            notes.append(f"capacity_factor {m.capacity_factor} -> {capacity_factor} for planning")
+            m.capacity_factor = float(capacity_factor)
+    return cfg, notes
+
+
+def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    shape = (config.train.global_batch_size, config.train.seq_len)
+    spec = NamedSharding(mesh, sharding.batch_spec(2))
+    dtypes = {"input_ids": jnp.int32, "labels": jnp.int32, "loss_mask": jnp.float32}
+    return {k: jax.ShapeDtypeStruct(shape, dtypes[k], sharding=spec) for k in BATCH_KEYS}
+
+
+def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = None):
+    """`make_train_step(...).jitted.lower(abstract state, abstract batch)` → (lowered, mesh, abstract state)."""
+    devices = list(devices if devices is not None else jax.devices())
+    need = math.prod(int(config.mesh[a]) for a in AXES)
+    if need > len(devices):
+        raise ValueError(f"mesh {dict(config.mesh)} needs {need} devices, {len(devices)} available "
+                         "(emulate more with --cpu_devices / XLA_FLAGS=--xla_force_host_platform_device_count)")
+    mesh = make_mesh(config, devices[:need])
+    tx = optimizer_lib.make_optimizer(config)
+    graphdef, abs_state, shardings = abstract_train_state(config, mesh, tx)
+    step = make_train_step(graphdef, tx, config, mesh, shardings)
+    with jax.set_mesh(mesh):
+        lowered = step.jitted.lower(abs_state, abstract_batch(config, mesh))
+    return lowered, mesh, abs_state
+
+
+def sharded_bytes(tree: Any) -> float:
+    """Per-device bytes of abstract leaves carrying shardings (the largest shard of each leaf)."""
+    total = 0.0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) else leaf.shape
+        total += math.prod(shape) * jnp.dtype(leaf.dtype).itemsize
+    return total
+
+
+def _leaf_name(path) -> str:
+    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+    names = [n for n in names if n not in ("value", "raw_value")]
+    return names[-1] if names else ""
+
+
+def muon_ns_flops(params: Any, config: ml_collections.ConfigDict) -> float:
+    """Global Newton–Schulz FLOPs per optimizer step: per [m≤n] matrix and iteration, X·Xᵀ (2m²n), A·A (2m³)
+    and (bA + cA²)·X (2m²n); the fused expert w_in counts as two matrices with `muon_split_gate_up`."""
+    o = config.optimizer
+    labels = optimizer_lib.param_labels(params, muon_conv=bool(o.muon_conv))
+    total = 0.0
+    for (path, leaf), label in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(labels)):
+        if label != "muon" or len(leaf.shape) < 2:
+            continue
+        *lead, rows, cols = leaf.shape
+        count = math.prod(lead)
+        if o.muon_split_gate_up and _leaf_name(path) == optimizer_lib.SPLIT_LEAF:
+            count, cols = 2 * count, cols // 2
+        m, n = min(rows, cols), max(rows, cols)
+        total += count * int(o.muon_ns_steps) * (4 * m * m * n + 2 * m ** 3)
+    return float(total)
+
+
+def effective_capacity_factor(config: ml_collections.ConfigDict, num_devices: int) -> float:
+    """Expert-GEMM rows XLA computes per routed token: E·C / T (1.0 = exactly the top-1 active FLOPs)."""
+    m, t = config.model, config.train
+    tokens = t.global_batch_size // t.microbatches * t.seq_len
+    if m.dispatch in ("dense", "ragged"):
+        return float(m.num_experts)
+    local = tokens // num_devices if m.dispatch == "ep" else tokens
+    return m.num_experts * capacity(local, m.num_experts, m.capacity_factor) / local
+
+
+def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: Any) -> dict[str, float]:
+    """Global FLOPs per optimizer step: `model` = 6·N_active·T + causal attention (MFU convention) and the
+    extras XLA executes on top of it (each listed; `hardware` = their sum)."""
+    m, t = config.model, config.train
+    seq, tokens = t.seq_len, t.global_batch_size * t.seq_len
+    nl, h, i = m.num_layers, m.hidden_size, m.moe_intermediate_size
+    cf = effective_capacity_factor(config, num_devices)
+    attn_fwd_full = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full (masked) square
+    expert_fwd = 2 * nl * 3 * h * i
+    layers_fwd = 2 * (active_matmul_params(m) - m.vocab_size * h) + expert_fwd * (cf - 1) + attn_fwd_full
+    recompute = {"none": 0.0, "dots": 0.0, "full": layers_fwd,
+                 "dots_no_batch": attn_fwd_full + expert_fwd * cf
+                 + 2 * nl * m.cca_time1 * (m.num_q_heads + m.num_kv_heads) * m.head_dim ** 2}[m.remat]
+    out = {
+        "model": train_flops_per_token(m, seq) * tokens,
+        "attention_masked_half": 3 * attn_fwd_full / 2 * tokens,
+        "expert_capacity_padding": 3 * expert_fwd * (cf - 1) * tokens,
+        "remat_recompute": recompute * tokens,
+        "muon_newton_schulz": muon_ns_flops(params, config),
+    }
+    out["hardware"] = sum(out.values())
+    return out
+
+
+def roofline_estimate(flops: float, hbm_bytes: float, hbm_bytes_optimistic: float, wire_bytes: float,
+                      model_flops: float, tokens: float, hw: sizing.Hardware, link: float) -> dict[str, float]:
+    """Per-device step time = max(FLOPs / peak, HBM bytes / bandwidth) + collective wire bytes / link bandwidth
+    (no overlap), and MFU = model FLOPs / (step time · peak). `hbm_bytes`: the XLA:CPU program's traffic (an
+    upper bound); `hbm_bytes_optimistic`: every byte of the peak footprint written once and read once."""
+    compute_s, memory_s, comm_s = flops / hw.peak_bf16_flops, hbm_bytes / hw.hbm_bandwidth, wire_bytes / link
+    memory_opt_s = hbm_bytes_optimistic / hw.hbm_bandwidth
+    step_s = max(compute_s, memory_s) + comm_s
+    step_opt_s = max(compute_s, memory_opt_s) + comm_s
+    mfu = lambda t: model_flops / (t * hw.peak_bf16_flops)  # noqa: E731
+    return {"hardware": hw.name, "peak_flops": hw.peak_bf16_flops, "hbm_bandwidth": hw.hbm_bandwidth,
+            "link_bandwidth": link, "hbm_bytes_per_device": hbm_bytes, "hbm_bytes_optimistic": hbm_bytes_optimistic,
+            "compute_s": compute_s, "memory_s": memory_s, "memory_optimistic_s": memory_opt_s,
+            "collective_s": comm_s, "step_s": step_s, "step_optimistic_s": step_opt_s,
+            "step_overlapped_s": max(compute_s, memory_opt_s, comm_s),
+            "tokens_per_s_per_device": tokens / step_s, "tokens_per_s_per_device_optimistic": tokens / step_opt_s,
+            "mfu": mfu(step_s), "mfu_optimistic": mfu(step_opt_s), "mfu_overlapped": mfu(max(compute_s, memory_opt_s,
+                                                                                             comm_s))}
+
+
+def _cost(compiled) -> dict[str, float]:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return {k: float(v) for k, v in (cost or {}).items() if k in ("flops", "bytes accessed", "transcendentals")}
+
+
+def _memory(compiled) -> dict[str, float]:
+    stats = compiled.memory_analysis()
+    names = ("argument", "output", "alias", "temp", "generated_code")
+    out = {n: float(getattr(stats, f"{n}_size_in_bytes", 0) or 0) for n in names}
+    out["peak"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+    return out
+
+
+def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", link_bandwidth: float | None = None,
+         usable_fraction: float = 0.95, devices: list | None = None, fast_compile: bool = True) -> dict:
+    """Compile the train step of `config` (set up with `planning_config`) and report; see the module doc.
+
+    Returns a JSON-serialisable dict: setup, memory (per device), flops, collectives, roofline, fits.
+    """
+    hw = sizing.get_hardware(hardware)
+    t0 = time.perf_counter()
+    lowered, mesh, abs_state = lower_train_step(config, devices)
+    t1 = time.perf_counter()
+    compiled = lowered.compile(compiler_options=FAST_COMPILE if fast_compile else None)
+    t2 = time.perf_counter()
+    n, t = mesh.size, config.train
+    mem, cost = _memory(compiled), _cost(compiled)
+    text = compiled.as_text()
+    stats = hlo_stats.analyze(text, n)
+    link = link_bandwidth or LINK_BANDWIDTH["xgmi" if n <= 8 else "pollara"]
+    tokens = t.global_batch_size * t.seq_len
+    params_b, opt_b = sharded_bytes(abs_state.params), sharded_bytes(abs_state.opt_state)
+    memory = {**mem, "params": params_b, "opt_state": opt_b,
+              "other_state": sharded_bytes((abs_state.step, abs_state.biases, abs_state.balancing)),
+              # for reference: all gradients at once in the parameter dtype (XLA may keep only the ZeRO-1 shard)
+              "gradients_unsharded": sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+                                         for x in jax.tree.leaves(abs_state.params)),
+              "capacity": hw.memory_bytes, "usable": usable_fraction * hw.memory_bytes}
+    analytic = analytic_flops(config, n, abs_state.params)
+    extras = analytic["attention_masked_half"] + analytic["expert_capacity_padding"] + analytic["remat_recompute"]
+    xla_total = stats.dot_flops * n
+    xla_grad = stats.dot_flops_by_tag.get("autodiff", 0.0) * n
+    flops = {
+        "xla_cost_analysis_per_device": cost.get("flops", 0.0),
+        "xla_cost_analysis_loop_corrected_per_device": cost.get("flops", 0.0) + stats.dot_flops - stats.dot_flops_once,
+        "hlo_dot_per_device": stats.dot_flops, "hlo_dot_total": xla_total,
+        "hlo_dot_forward_backward": xla_grad, "hlo_dot_optimizer": xla_total - xla_grad,
+        "analytic": analytic,
+        "xla_over_analytic_hardware": xla_total / analytic["hardware"],
+        "forward_backward_over_analytic": xla_grad / (analytic["model"] + extras),
+        "optimizer_over_analytic_ns": (xla_total - xla_grad) / max(analytic["muon_newton_schulz"], 1.0),
+        "xla_model": xla_grad - extras,
+    }
+    flops["xla_model_over_analytic_model"] = flops["xla_model"] / analytic["model"]
+    roofline = roofline_estimate(stats.dot_flops, stats.hbm_bytes, 2 * mem["peak"], stats.wire_bytes,
+                                 analytic["model"] / n, tokens / n, hw, link)
+    roofline["xla_cost_bytes_accessed_per_device"] = cost.get("bytes accessed", 0.0)
+    return {
+        "setup": {"mesh": dict(mesh.shape), "devices": n, "seq_len": t.seq_len, "global_batch": t.global_batch_size,
+                  "microbatches": t.microbatches, "tokens_per_step": tokens, "remat": config.model.remat,
+                  "param_sharding": t.param_sharding, "dispatch": config.model.dispatch,
+                  "capacity_factor": config.model.capacity_factor, "num_layers": config.model.num_layers,
+                  "dtype": config.model.dtype, "param_dtype": config.model.param_dtype,
+                  "lower_s": t1 - t0, "compile_s": t2 - t1, "fast_compile": fast_compile,
+                  "hlo_chars": len(text), "hlo_instructions": stats.num_instructions,
+                  "loop_trip_counts": sorted(stats.trip_counts.values()),
+                  "unknown_trip_counts": stats.unknown_trip_counts},
+        "memory": memory, "flops": flops, "roofline": roofline,
+        "collectives": {k: vars(v) for k, v in sorted(stats.collectives.items())},
+        "collective_bytes_per_device": stats.collective_bytes, "collective_wire_bytes_per_device": stats.wire_bytes,
+        "fits": mem["peak"] <= memory["usable"],
+    }
+
+
+def plan_auto_remat(config: ml_collections.ConfigDict, order: tuple[str, ...] = REMAT_AUTO_ORDER,
+                    **kwargs) -> dict:
+    """Plan with each remat policy in `order` until one fits; returns that plan (or the last) with
+    `remat_auto` = {'chosen': policy or None, 'attempts': [{remat, peak, fits}, ...]}."""
+    attempts, result = [], {}
+    for policy in order:
+        cfg = copy.deepcopy(config)
+        with cfg.unlocked():
+            cfg.model.remat = policy
+        result = plan(cfg, **kwargs)
+        attempts.append({"remat": policy, "peak": result["memory"]["peak"], "fits": result["fits"],
+                         "compile_s": result["setup"]["compile_s"]})
+        if result["fits"]:
+            break
+    result["remat_auto"] = {"chosen": attempts[-1]["remat"] if attempts[-1]["fits"] else None, "attempts": attempts}
+    return result
+
+
+def small_width(config: ml_collections.ConfigDict, seq_len: int = 128) -> ml_collections.ConfigDict:
+    """Same depth and structure, tiny width (for compile-time measurements)."""
+    cfg = copy.deepcopy(config)
+    with cfg.unlocked():
+        cfg.model.update(dict(hidden_size=128, head_dim=32, num_q_heads=4, num_kv_heads=2, moe_intermediate_size=128,
+                              router_hidden_size=32, vocab_size=512, num_experts=max(4, int(cfg.mesh.expert))))
+        cfg.train.seq_len = seq_len
+    return cfg
+
+
+def _with_depth(config: ml_collections.ConfigDict, depth: int) -> ml_collections.ConfigDict:
+    cfg = copy.deepcopy(config)
+    with cfg.unlocked():
+        cfg.model.num_layers = int(depth)
+    return cfg
+
+
+def compile_scaling(config: ml_collections.ConfigDict, depths: tuple[int, ...] = (8, 40, 80), *,
+                    compile: bool = True, fast_compile: bool = False, warmup: bool = True,
+                    devices: list | None = None) -> dict:
+    """Lower (and compile) the train step at each depth; compile cost must not grow with depth (scanned layers).
+
+    Returns {'rows': [{layers, lower_s, stablehlo_chars[, compile_s, hlo_chars, hlo_instructions]}],
+    'ratios': last depth / first depth for each measured quantity}.
+    """
+    rows = []
+    if compile and warmup:  # the first compile of a process pays one-time backend set-up: keep it out of the rows
+        lower_train_step(_with_depth(config, depths[0]), devices)[0].compile(
+            compiler_options=FAST_COMPILE if fast_compile else None)
+    for depth in depths:
+        t0 = time.perf_counter()
+        lowered, mesh, _ = lower_train_step(_with_depth(config, depth), devices)
+        row = {"layers": int(depth), "lower_s": time.perf_counter() - t0, "stablehlo_chars": len(lowered.as_text())}
+        if compile:
+            t0 = time.perf_counter()
+            compiled = lowered.compile(compiler_options=FAST_COMPILE if fast_compile else None)
+            text = compiled.as_text()
+            row.update(compile_s=time.perf_counter() - t0, hlo_chars=len(text),
+                       hlo_instructions=hlo_stats.analyze(text, mesh.size).num_instructions)
+        rows.append(row)
+    keys = [k for k in rows[0] if k != "layers"]
+    return {"rows": rows, "ratios": {k: rows[-1][k] / rows[0][k] for k in keys},
+            "depths": list(depths), "fast_compile": fast_compile}
