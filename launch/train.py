@@ -75,6 +75,9 @@ def main(argv):
     if jax.process_index() == 0:
         summary.pop("state", None)
         print(json.dumps(summary, indent=2))
+        if "eval_loss" in summary and "unigram_entropy" in summary:
+            print(f"held-out loss {summary['eval_loss']:.3f} nats/token vs unigram entropy "
+                  f"{summary['unigram_entropy']:.3f} (a model of byte frequencies alone)")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ for every dispatch.
 * `ragged`: dropless, sort by expert + `jax.lax.ragged_dot` (grouped GEMM on GPU; masked dense on CPU).
 * `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (fast on CPU; drops overflow).
 * `ep`: expert parallelism over the `expert` mesh axis with `all_to_all` (`zaya_jax.parallel.expert_parallel`).
+* `auto` (default): `ep` under an active data/context/expert mesh (each device computes only its tokens for
+  its experts; under plain GSPMD the gather-based dispatches replicate expert work), else `ragged`
+  (dropless, exact: single-device inference and conversion).
 """
 
 from __future__ import annotations
@@ -90,7 +93,18 @@ def capacity_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
     return DispatchResult(out, jnp.sum(is_expert & ~keep).astype(jnp.int32))
 
 
+def resolve_dispatch(name: str) -> str:
+    """The concrete dispatch for `name` at trace time (`auto` looks at the active mesh)."""
+    if name != "auto":
+        return name
+    from zaya_jax.parallel.mesh import AXES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    return "ep" if not mesh.empty and set(AXES) <= set(mesh.axis_names) else "ragged"
+
+
 def get_dispatch(name: str) -> Dispatch:
+    name = resolve_dispatch(name)
     if name == "ep":
         from zaya_jax.parallel.expert_parallel import ep_dispatch
 

@@ -125,6 +125,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         summary["eval_loss"] = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
                                         t.eval_batches)
         writer.write(int(state.step), {"eval_loss": summary["eval_loss"]})
+    summary["data"] = list(data_dirs)
     if len(data_dirs) == 1:
         from zaya_jax.data.corpus import unigram_entropy
 

@@ -81,7 +81,7 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
         "loss": sums.ce / n,
         "z_loss": sums.z / n,
         "tokens": sums.tokens,
-        "grad_norm": optax.global_norm(grads),
+        "grad_norm": optax.tree.norm(grads),
         "dropped_fraction": balancing.dropped_fraction(dropped, counts),
         **bal_metrics,
     }
