@@ -43,10 +43,21 @@ def _maybe_initialize_distributed() -> None:
         return
     if _COORD.value and (_NPROC.value is None or _PID.value is None):
         sys.exit("train: --coordinator_address needs --num_processes and --process_id")
-    jax.distributed.initialize(coordinator_address=_COORD.value, num_processes=_NPROC.value,
-                               process_id=_PID.value)
-    logging.info("process %d of %d, %d global devices", jax.process_index(), jax.process_count(),
-                 jax.device_count())
+    try:
+        jax.distributed.initialize(coordinator_address=_COORD.value, num_processes=_NPROC.value,
+                                   process_id=_PID.value)
+    except ValueError as err:  # e.g. SLURM_NTASKS > 1 outside `srun`: no SLURM_STEP_* variables to detect
+        sys.exit(f"train: jax.distributed.initialize: {err}. Start one process per node with srun "
+                 "(launch/rocm/train.sbatch) or pass --coordinator_address/--num_processes/--process_id")
+    logging.info("process %d of %d, %d global devices (%d local)", jax.process_index(), jax.process_count(),
+                 jax.device_count(), jax.local_device_count())
+    # jax's SLURM detection assumes one process per GPU and pins this process to GPU $SLURM_LOCALID unless
+    # JAX_LOCAL_DEVICE_IDS is set; with one process per node that silently drops 7 of 8 GPUs.
+    gpus = os.environ.get("SLURM_GPUS_ON_NODE", "")
+    tasks = os.environ.get("SLURM_NTASKS_PER_NODE", "1")
+    if gpus.isdigit() and tasks.isdigit() and jax.local_device_count() * int(tasks) < int(gpus):
+        logging.warning("this process sees %d device(s) but the node has %s GPUs for %s task(s): set "
+                        "JAX_LOCAL_DEVICE_IDS=0,1,...,7 (launch/rocm/env.sh)", jax.local_device_count(), gpus, tasks)
 
 
 def main(argv):

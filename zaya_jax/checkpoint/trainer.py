@@ -29,7 +29,7 @@ import ml_collections
 
 from zaya_jax.checkpoint import defaults, faults as faults_lib
 from zaya_jax.checkpoint.errors import CheckpointError, CorruptCheckpointError
-from zaya_jax.checkpoint.events import EVENT_LOG_ENV, EventLog, Heartbeat
+from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, Heartbeat
 from zaya_jax.checkpoint.guard import LossGuard
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
 
@@ -49,7 +49,9 @@ class TrainCheckpointer:
         primary = jax.process_index() == 0
         log_path = os.environ.get(EVENT_LOG_ENV) or os.path.join(workdir, "events.jsonl")
         self.events = events or EventLog(log_path, "trainer", enabled=primary)
-        self.heartbeat = heartbeat or Heartbeat.for_workdir(workdir, int(config.train.steps), enabled=primary)
+        # a supervisor per node (launch/rocm) sets $ZAYA_HEARTBEAT_FILE for its own process: beat there too
+        beat = primary or bool(os.environ.get(HEARTBEAT_ENV))
+        self.heartbeat = heartbeat or Heartbeat.for_workdir(workdir, int(config.train.steps), enabled=beat)
         self.ckpt = Checkpointer(checkpoint_dir(config, workdir), keep=c.keep, keep_every=c.keep_every,
                                  async_save=c.async_save, events=self.events)
         self.guard = LossGuard(nan_guard=c.nan_guard, spike_zscore=c.spike_zscore, window=c.spike_window)
