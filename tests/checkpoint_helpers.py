@@ -35,6 +35,7 @@ def config_overrides(data_dir: str, *, every: int = 2) -> list[str]:
         "--config.train.log_every=1",
         "--config.optimizer.warmup_steps=2",
         "--config.model.skip_output=zero",
+        "--config.model.capacity_factor=16",  # >= num_experts: expert-parallel dispatch drops nothing on any mesh
         f"--config.data.cache_dir={data_dir}",
         "--config.data.default_corpus_max_bytes=200000",
         "--config.data.eval_fraction=0",

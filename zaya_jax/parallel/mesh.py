@@ -34,7 +34,7 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
                               f"the fixed axes' product {fixed}; change mesh.* so the sizes multiply to {num_devices}")
         sizes[fill[0]] = num_devices // fixed
     if math.prod(sizes.values()) != num_devices:
-        raise ConfigError(f"mesh {sizes} uses {math.prod(sizes.values())} devices but {num_devices} are available; "
+        raise ConfigError(f"mesh {sizes} does not fit {num_devices} devices: it uses {math.prod(sizes.values())}; "
                           "set one axis to -1 or make the sizes multiply to the device count")
     return sizes
 
