@@ -137,3 +137,32 @@ def test_slurm_ntasks_outside_srun_is_a_clear_error():
     proc = subprocess.run([sys.executable, "-c", _INIT_ONLY], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode != 0 and "srun" in proc.stderr and "coordinator_address" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_sigterm_on_one_process_stops_all_at_the_same_step(data_dir, tmp_path):  # noqa: F811
+    """Only process 1 is preempted (after step 1); with `preemption_sync_every=2` both processes learn of it
+    at step 2, save step 2 together and exit 0 — nobody hangs in a collective the other never joins."""
+    workdir = str(tmp_path / "preempt")
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = []
+    for i in range(2):
+        cmd = train_cmd(workdir, data_dir, 4, "--config.train.steps=6", "--config.checkpoint.every=0",
+                        "--config.checkpoint.preemption_sync_every=2", f"--coordinator_address={coordinator}",
+                        "--num_processes=2", f"--process_id={i}")
+        faults = {"ZAYA_FAULTS": "sigterm@1"} if i == 1 else {}
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(4, **faults), stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True))
+    try:
+        errs = [p.communicate(timeout=600)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for i, (p, err) in enumerate(zip(procs, errs)):
+        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{err[-3000:]}"
+    assert sorted(losses(workdir)) == [1, 2]
+    assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+    preempted = [e for e in read_events(os.path.join(workdir, "events.jsonl")) if e["event"] == "preempted"]
+    assert [e["step"] for e in preempted] == [2], preempted

@@ -59,6 +59,8 @@ class TrainCheckpointer:
         self.max_rollbacks = int(c.max_rollbacks)
         self.resume_step: int | None = None
         self.stop_requested, self.stop_signal = False, None
+        self._signal_received = False  # multi-process: acted on only at a step all processes agree on
+        self._stop_sync_every = int(c.preemption_sync_every)
         self._target = self._shardings = None
         self._pending: tuple[int, Any] | None = None
         self._last_saved: int | None = None
@@ -70,9 +72,23 @@ class TrainCheckpointer:
 
     # ---- signals ---------------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
-        if self.stop_requested and signum == signal.SIGINT:
+        if (self.stop_requested or self._signal_received) and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
-        self.stop_requested, self.stop_signal = True, signal.Signals(signum).name
+        self.stop_signal = signal.Signals(signum).name
+        if jax.process_count() == 1:
+            self.stop_requested = True
+        else:
+            self._signal_received = True
+
+    def _agree_on_stop(self, step: int) -> None:
+        """Multi-process: every `checkpoint.preemption_sync_every` steps the processes exchange whether any
+        of them got SIGTERM/SIGINT, so all of them save and stop at the same step (a save is collective)."""
+        if jax.process_count() == 1 or self.stop_requested or step % self._stop_sync_every:
+            return
+        from jax.experimental import multihost_utils
+
+        votes = multihost_utils.process_allgather(jnp.int32(self._signal_received))
+        self.stop_requested = bool(votes.any())
 
     def _restore_signal_handlers(self) -> None:
         for sig, handler in self._old_handlers.items():
@@ -135,6 +151,7 @@ class TrainCheckpointer:
     def maybe_save(self, step: int, state: Any, train_iter: Any = None, metrics: dict | None = None) -> Any:
         """Guard, save every `checkpoint.every` steps, inject faults, handle preemption. Returns the state."""
         self.resume_step = None
+        self._agree_on_stop(step)
         state, metrics = self._metric_faults(step, state, metrics)
         save_now = bool(self.every and step % self.every == 0) or self.stop_requested
         bad = self._check(step, metrics, blocking=save_now or step >= int(self.config.train.steps))
