@@ -26,6 +26,7 @@ from flax import nnx
 
 from zaya_jax.model import layers
 from zaya_jax.model.router import Router
+from zaya_jax.parallel import sharding
 
 
 class DispatchResult(NamedTuple):
@@ -133,7 +134,7 @@ class MoE(nnx.Module):
         m, dt = self.cfg, layers.dtype_of(self.cfg.dtype)
         routing = self.router(x, state_prev)
         b, s, h = x.shape
-        flat_x, choice, gate = x.reshape(b * s, h), routing.choice.reshape(-1), routing.gate.reshape(-1)
+        flat_x, choice, gate = (sharding.flatten_tokens(a) for a in (x, routing.choice, routing.gate))
         result = get_dispatch(m.dispatch)(flat_x, choice, gate, self.w_in[...].astype(dt),
                                           self.w_out[...].astype(dt), m)
         out = result.out
@@ -141,4 +142,4 @@ class MoE(nnx.Module):
             is_skip = (choice == m.num_experts)[:, None]
             out = out + jnp.where(is_skip, gate[:, None].astype(dt) * flat_x, 0).astype(out.dtype)
         counts = jnp.bincount(choice, length=m.num_experts + 1).astype(jnp.int32)
-        return out.reshape(b, s, h), routing.state, MoEStats(counts, result.dropped)
+        return sharding.unflatten_tokens(out, b, s), routing.state, MoEStats(counts, result.dropped)
