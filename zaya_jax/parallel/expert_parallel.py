@@ -23,7 +23,7 @@ from jax.sharding import PartitionSpec as P
 from zaya_jax.model.moe import DispatchResult, capacity, slot_positions, swiglu
 from zaya_jax.parallel.mesh import AXES
 
-TOKEN_AXES = ("data", "expert", "context")  # order of a flattened [B·S] token dim (batch axes, then sequence)
+TOKEN_AXES = ("data", "expert", "context")  # blocks of a flattened [B·S] token dim (`sharding.flatten_tokens`)
 
 
 def _local_ep(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float):

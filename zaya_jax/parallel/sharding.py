@@ -103,8 +103,46 @@ def batch_spec(ndim: int = 2) -> P:
 
 
 def token_spec() -> P:
-    """Flattened tokens [B·S, ...] (row-major over batch then sequence)."""
+    """Flattened tokens [B·S, ...] (see `flatten_tokens`: one block per device, in order data, expert, context)."""
     return P((*BATCH_AXES, "context"))
+
+
+def _token_blocks(batch: int, seq: int) -> tuple[int, int] | None:
+    """(batch shards, context shards) when the active mesh splits the sequence (context > 1) and both divide."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(AXES) <= set(mesh.axis_names) or mesh.shape["context"] == 1:
+        return None
+    shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
+    if batch % shards or seq % mesh.shape["context"]:
+        return None
+    return shards, mesh.shape["context"]
+
+
+def flatten_tokens(x: jax.Array) -> jax.Array:
+    """[B, S, ...] in the batch layout → [B·S, ...] sharded like `token_spec()`, without moving data.
+
+    With a `context` axis > 1 and B_l = B / (data·expert) > 1 a row-major reshape would interleave
+    devices' tiles and force a reshard (an all-gather of the activations); here each device's [B_l, S_l]
+    tile becomes one contiguous block instead. Identical to `x.reshape(B·S, ...)` when context = 1 or B_l = 1.
+    """
+    b, s, *rest = x.shape
+    blocks = _token_blocks(b, s)
+    if blocks is None:
+        return x.reshape(b * s, *rest)
+    de, c = blocks
+    y = x.reshape(de, b // de, c, s // c, *rest).swapaxes(1, 2)
+    return y.reshape(b * s, *rest)
+
+
+def unflatten_tokens(y: jax.Array, batch: int, seq: int) -> jax.Array:
+    """Inverse of `flatten_tokens`: [B·S, ...] → [B, S, ...]."""
+    rest = y.shape[1:]
+    blocks = _token_blocks(batch, seq)
+    if blocks is None:
+        return y.reshape(batch, seq, *rest)
+    de, c = blocks
+    y = y.reshape(de, c, batch // de, seq // c, *rest).swapaxes(1, 2)
+    return y.reshape(batch, seq, *rest)
 
 
 def constrain_batch(x: jax.Array) -> jax.Array:
