@@ -122,7 +122,7 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
     m, full = _model_section(cfg)
     hw = get_hardware(hardware)
     if mesh is None and full is not None and "mesh" in full:
-        mesh = {k: int(v) for k, v in full.mesh.items() if int(v) > 1}
+        mesh = {k: int(v) for k, v in full.mesh.items() if isinstance(v, int) and int(v) > 1}
     out: list[tuple[str, str, int | None]] = []
     ref = "paper-systems.md §8"
 

@@ -84,6 +84,11 @@ class CCA(nnx.Module):
         self.temp = layers.const_param((nkv,), m.temp_init, pd)
         self.wo = layers.normal_param(rngs, (nq * d, h), std, pd)
 
+    def packed_qk(self, x: jax.Array) -> jax.Array:
+        """Raw packed latent q‖k (§5a, c): x [B, S, H] → c [B, S, C] in the compute dtype (the conv input)."""
+        dt = layers.dtype_of(self.cfg.dtype)
+        return jnp.concatenate([x @ self.wq[...].astype(dt), x @ self.wk[...].astype(dt)], axis=-1)
+
     def project(self, x: jax.Array, qk_halo: jax.Array | None = None, x_prev: jax.Array | None = None):
         """q, k, v of §5a–e for normed input x: [B, S, H].
 
@@ -96,11 +101,11 @@ class CCA(nnx.Module):
         b, s, _ = x.shape
         nq, nkv, d = m.num_q_heads, m.num_kv_heads, m.head_dim
         p = lambda v: v[...].astype(dt)  # noqa: E731
-        q0, k0 = x @ p(self.wq), x @ p(self.wk)
+        c = self.packed_qk(x)
+        q0, k0 = c[..., :nq * d], c[..., nq * d:]
         qh, kh = q0.reshape(b, s, nq, d), k0.reshape(b, s, nkv, d)
         qm = (qh + jnp.repeat(kh, nq // nkv, axis=2)) * 0.5
         km = qm.reshape(b, s, nkv, nq // nkv, d).mean(axis=3)
-        c = jnp.concatenate([q0, k0], axis=-1)
         halo = conv_halo_len(m.cca_time0, m.cca_time1)
         if qk_halo is None:
             qk_halo = jnp.zeros((b, halo, c.shape[-1]), c.dtype)

@@ -16,14 +16,19 @@ import ml_collections
 from flax import nnx
 
 from zaya_jax.model import layers
-from zaya_jax.model.cca import CCA
+from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.moe import MoE, MoEStats
+from zaya_jax.parallel import context
 
 REMAT_POLICIES = {
     "full": None,
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+
+
+def cca_halo(m: ml_collections.ConfigDict) -> int:
+    return conv_halo_len(m.cca_time0, m.cca_time1)
 
 
 class DecoderLayer(nnx.Module):
@@ -38,9 +43,19 @@ class DecoderLayer(nnx.Module):
         self.moe = MoE(m, rngs=rngs)
         self.moe_merge = layers.Merge(m.hidden_size, param_dtype=pd)
 
-    def __call__(self, r: jax.Array, router_state: jax.Array, positions: jax.Array):
-        """r: [B, S, H] fp32 residual, router_state: [B, S, R] fp32 → (r, router_state, MoEStats)."""
-        r = self.attn_merge(self.attn(self.attn_norm(r), positions), r)
+    def __call__(self, r: jax.Array, router_state: jax.Array, positions: jax.Array,
+                 context_layout: str | None = None):
+        """r: [B, S, H] fp32 residual, router_state: [B, S, R] fp32 → (r, router_state, MoEStats).
+
+        context_layout: None → CCA over the whole (GSPMD-sharded) sequence; "contiguous" / "zigzag" →
+        context-parallel CCA (`zaya_jax.parallel.context`), tokens in that layout's order.
+        """
+        x = self.attn_norm(r)
+        if context_layout is None:
+            y = self.attn(x, positions)
+        else:
+            y = context.cca_forward(self.attn, x, positions, context_layout)
+        r = self.attn_merge(y, r)
         z, router_state, stats = self.moe(self.moe_norm(r), router_state)
         return self.moe_merge(z, r), router_state, stats
 
@@ -76,12 +91,23 @@ class Zaya(nnx.Module):
         self.layers = _stacked_layers(m, rngs)
         self.final_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
 
-    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None):
-        """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats)."""
+    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                      context_layout: str = "contiguous"):
+        """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats).
+
+        Under an active mesh with a `context` axis > 1, CCA runs context-parallel in `context_layout`
+        ("contiguous" | "zigzag", see `zaya_jax.parallel.context`); for zigzag the layer stack runs in
+        zigzag token order and the hidden state is returned in natural order. Results do not depend on it.
+        """
         m = self.cfg
         chex.assert_rank(input_ids, 2)
         b, s = input_ids.shape
-        if positions is None:
+        layout = context.active_layout(b, s, context_layout, cca_halo(m))
+        if layout is not None:
+            input_ids = context.to_layout(input_ids, layout)
+            positions = (jnp.asarray(context.layout_positions(s, context.context_size(), layout))
+                         if positions is None else context.to_layout(positions, layout))
+        elif positions is None:
             positions = jnp.arange(s, dtype=jnp.int32)[None, :]
         e = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.float32)
         r = (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
@@ -90,20 +116,22 @@ class Zaya(nnx.Module):
 
         def body(carry, layer_state):
             r, a = carry
-            r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions)
+            r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions, layout)
             return (r, a), stats
 
         if m.remat != "none":
             body = jax.checkpoint(body, policy=REMAT_POLICIES[m.remat], prevent_cse=False)
         (r, _), stats = jax.lax.scan(body, (r, router_state), stacked)
-        return self.final_norm(r), stats
+        h = self.final_norm(r)
+        return (h if layout is None else context.from_layout(h, layout)), stats
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Tied head in fp32: h [B, S, H] → [B, S, V]."""
         return h.astype(jnp.float32) @ self.embed[...].astype(jnp.float32).T
 
-    def forward(self, input_ids: jax.Array, positions: jax.Array | None = None) -> ForwardOutput:
-        h, stats = self.hidden_states(input_ids, positions)
+    def forward(self, input_ids: jax.Array, positions: jax.Array | None = None,
+                context_layout: str = "contiguous") -> ForwardOutput:
+        h, stats = self.hidden_states(input_ids, positions, context_layout)
         return ForwardOutput(self.logits(h), stats)
 
     def __call__(self, input_ids: jax.Array) -> jax.Array:

@@ -39,7 +39,8 @@ def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections
 
     def micro_loss(p, mb):
         model = nnx.merge(graphdef, p, biases)
-        out = model.forward(sharding.constrain_batch(mb["input_ids"]))
+        out = model.forward(sharding.constrain_batch(mb["input_ids"]),
+                            context_layout=config.mesh.get("context_layout", "contiguous"))
         sums = lm_loss_sums(out.logits, mb["labels"], mb["loss_mask"])
         return objective(sums, z_loss), (sums, out.stats)
 
