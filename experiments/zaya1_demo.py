@@ -38,4 +38,5 @@ def get_config(arg=None):
     o.warmup_steps = 20
     o.weight_decay = 0.01
     config.balancing.ki = 5e-3  # faster than the default: the demo is short and starts with most tokens on one expert
+    config.checkpoint.save_initial = True  # step 0 stays as the baseline for `launch.eval`
     return config

@@ -20,6 +20,7 @@ def add_to(config: ml_collections.ConfigDict) -> None:
             keep=3,  # keep the newest K committed checkpoints ...
             keep_every=0,  # ... plus every step that is a multiple of M (0 = none)
             async_save=True,  # write in a background thread (device→host copy is still synchronous)
+            save_initial=False,  # also save the freshly initialised state (step 0) of a run that starts fresh
             restore=True,  # resume from the newest committed checkpoint in `dir`
             nan_guard=True,  # non-finite loss / grad norm → roll back to the last good checkpoint
             spike_zscore=0.0,  # loss z-score over `spike_window` steps that counts as a spike (0 = off)

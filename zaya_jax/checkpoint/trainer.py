@@ -137,6 +137,8 @@ class TrainCheckpointer:
             raise CheckpointError(f"no readable checkpoint left in {self.ckpt.directory} (unreadable steps moved "
                                   f"to {os.path.dirname(quarantined[0])}); rerun to start from step 0")
         self.events.write("fresh_start", step=int(state.step))
+        if self.config.checkpoint.save_initial:  # the untrained model, e.g. as an evaluation baseline
+            self._save(int(state.step), state, train_iter)
         return state
 
     def _restore_data(self, step: int, meta: dict, train_iter: Any) -> None:
