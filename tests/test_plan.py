@@ -185,3 +185,20 @@ def test_launcher_smoke(tmp_path):
     result = json.loads(out.read_text())
     assert result["setup"]["mesh"] == {"data": 4, "context": 1, "expert": 2} and result["setup"]["remat"] == "dots"
     assert np.isfinite(result["roofline"]["mfu"])
+
+
+def test_plan_context_parallel_zigzag():
+    """Tiny config on 4 data x 2 context: halos are collective-permutes, and XLA computes exactly the analytic
+    attention share of the zigzag layout (2n+1 of 4n² blocks per device)."""
+    config = load_config(TINY)
+    config.mesh.context_layout = "zigzag"
+    cfg, _ = plan.planning_config(config, mesh={"data": 4, "context": 2}, seq_len=256, remat="none",
+                                  capacity_factor=1.0)
+    result = plan.plan(cfg)
+    assert result["setup"]["mesh"] == {"data": 4, "context": 2, "expert": 1} and result["fits"]
+    assert result["collectives"]["collective-permute"]["count"] > 0
+    fl = result["flops"]
+    assert fl["forward_backward_over_analytic"] == pytest.approx(1.0, abs=0.05)
+    m, tokens = cfg.model, result["setup"]["tokens_per_step"]
+    square = 4 * m.num_layers * m.num_q_heads * m.head_dim * 256  # QK + AV FLOPs per token over the S×S square
+    assert fl["analytic"]["attention_masked_half"] == pytest.approx(3 * (5 / 8 - 1 / 2) * square * tokens)  # n = 2

@@ -178,7 +178,13 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     seq, tokens = t.seq_len, t.global_batch_size * t.seq_len
     nl, h, i = m.num_layers, m.hidden_size, m.moe_intermediate_size
     cf = effective_capacity_factor(config, num_devices)
-    attn_fwd_full = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full (masked) square
+    attn_square = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full S×S square
+    # share of the square XLA computes: all of it (masked), or in the zigzag context layout the 2n+1 causally
+    # needed of the 4n² (S/2n)² blocks per device (`zaya_jax.parallel.context`)
+    n_ctx = int(config.mesh.context) if "mesh" in config else 1
+    zigzag = n_ctx > 1 and config.mesh.get("context_layout", "contiguous") == "zigzag"
+    square = (2 * n_ctx + 1) / (4 * n_ctx) if zigzag else 1.0
+    attn_fwd_full = square * attn_square
     expert_fwd = 2 * nl * 3 * h * i
     layers_fwd = 2 * (active_matmul_params(m) - m.vocab_size * h) + expert_fwd * (cf - 1) + attn_fwd_full
     recompute = {"none": 0.0, "dots": 0.0, "full": layers_fwd,
@@ -186,7 +192,7 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
                  + 2 * nl * m.cca_time1 * (m.num_q_heads + m.num_kv_heads) * m.head_dim ** 2}[m.remat]
     out = {
         "model": train_flops_per_token(m, seq) * tokens,
-        "attention_masked_half": 3 * attn_fwd_full / 2 * tokens,
+        "attention_masked_half": 3 * (square - 0.5) * attn_square * tokens,
         "expert_capacity_padding": 3 * expert_fwd * (cf - 1) * tokens,
         "remat_recompute": recompute * tokens,
         "muon_newton_schulz": muon_ns_flops(params, config),
