@@ -30,7 +30,21 @@ _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi
 _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", None, "Force jax.distributed.initialize (default: when "
                                  "--coordinator_address is given or SLURM_NTASKS > 1).")
+_PROFILE_STEPS = flags.DEFINE_list("profile_steps", None, "START,STOP: write a jax.profiler trace of optimizer "
+                                   "steps [START, STOP) (START >= 1; a single N traces step N).")
+_PROFILE_DIR = flags.DEFINE_string("profile_dir", None, "Directory for the profiler trace (default <workdir>/profile).")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def _profile_hook(workdir: str):
+    """A `ProfileHook` from --profile_steps / --profile_dir, or None."""
+    if not _PROFILE_STEPS.value:
+        return None
+    from zaya_jax.train.profiling import ProfileHook
+
+    steps = [int(v) for v in _PROFILE_STEPS.value]
+    start, stop = (steps[0], steps[0] + 1) if len(steps) == 1 else steps
+    return ProfileHook(_PROFILE_DIR.value or os.path.join(workdir, "profile"), start, stop)
 
 
 def _maybe_initialize_distributed() -> None:
@@ -76,11 +90,16 @@ def main(argv):
             logging.info("elastic: %d devices available, mesh %s", n, elastic.shrink_mesh(config, n))
         workdir = os.path.abspath(_WORKDIR.value)
         checkpointer = make_checkpointer(config, workdir)
+        profiler = _profile_hook(workdir)
         try:
-            summary = train(config, workdir, checkpointer=checkpointer, hooks=[checkpointer.heartbeat])
+            summary = train(config, workdir, checkpointer=checkpointer,
+                            hooks=[checkpointer.heartbeat] + ([profiler] if profiler else []))
         except BaseException:
             checkpointer.abort()  # a crash still lets an in-flight save of a good state commit
             raise
+        finally:
+            if profiler:
+                profiler.close()
     except (ConfigError, DataError, CheckpointError) as err:
         sys.exit(f"train: error: {err}")
     if jax.process_index() == 0:
