@@ -324,7 +324,7 @@ def test_dispatches_agree_outputs_and_gradients():
     state = jnp.asarray(rng.standard_normal((2, 16, base.router_hidden_size)), jnp.float32)
     ref_moe, _ = make_moe(base, seed=41, skip_bias=0.05)
     results = {}
-    for dispatch in ("dense", "ragged", "capacity"):
+    for dispatch in ("dense", "ragged", "capacity", "grouped"):
         moe = MoE(make_cfg(num_experts=4, skip_output="scaled_input", dispatch=dispatch,
                            capacity_factor=float(base.num_experts)), rngs=nnx.Rngs(1))
         nnx.update(moe, nnx.state(ref_moe))
@@ -332,7 +332,7 @@ def test_dispatches_agree_outputs_and_gradients():
     out, stats, grads = results["dense"]
     counts = np.asarray(stats.counts)
     assert counts[-1] > 0 and (counts[:-1] > 0).sum() >= 2
-    for name in ("ragged", "capacity"):
+    for name in ("ragged", "capacity", "grouped"):
         o, s, g = results[name]
         assert int(s.dropped) == 0
         np.testing.assert_array_equal(np.asarray(s.counts), counts)

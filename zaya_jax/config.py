@@ -15,7 +15,7 @@ import warnings
 import ml_collections
 
 SKIP_OUTPUTS = ("scaled_input", "zero")
-DISPATCHES = ("auto", "dense", "ragged", "capacity", "ep")
+DISPATCHES = ("auto", "dense", "ragged", "capacity", "grouped", "ep")
 DTYPES = ("float32", "bfloat16")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
@@ -47,7 +47,7 @@ def model_config() -> ml_collections.ConfigDict:
             router_hidden_size=256,
             skip_output="scaled_input",  # "scaled_input" (legacy training code) | "zero" (HF-native)
             skip_bias_init=-1.0,
-            dispatch="auto",  # "auto" (ep under a mesh, else ragged) | "dense" | "ragged" | "capacity" | "ep"
+            dispatch="auto",  # "auto" (see model/moe.py) | "dense" | "ragged" | "capacity" | "grouped" | "ep"
             capacity_factor=2.0,  # capacity / EP dispatch: slots per expert = cf * tokens / experts
             tie_word_embeddings=True,
             initializer_range=0.02,

@@ -9,9 +9,11 @@ for every dispatch.
 * `ragged`: dropless, sort by expert + `jax.lax.ragged_dot` (grouped GEMM on GPU; masked dense on CPU).
 * `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (fast on CPU; drops overflow).
 * `ep`: expert parallelism over the `expert` mesh axis with `all_to_all` (`zaya_jax.parallel.expert_parallel`).
-* `auto` (default): `ep` under an active data/context/expert mesh (each device computes only its tokens for
-  its experts; under plain GSPMD the gather-based dispatches replicate expert work), else `ragged`
-  (dropless, exact: single-device inference and conversion).
+* `grouped`: dropless, sort by expert + per-expert loops of chunked GEMMs (`zaya_jax.model.grouped`): ≈ the
+  active FLOPs on CPU, exact; under a mesh each device sorts its own tokens (weights replicated).
+* `auto` (default): `ep` under an active data/context/expert mesh whose expert axis is > 1 (each device computes
+  only its tokens for its experts; under plain GSPMD the gather-based dispatches replicate expert work); on
+  CPU otherwise `grouped`; on accelerators otherwise `ep` under a mesh, else `ragged` (dropless, exact).
 """
 
 from __future__ import annotations
@@ -94,14 +96,37 @@ def capacity_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
     return DispatchResult(out, jnp.sum(is_expert & ~keep).astype(jnp.int32))
 
 
+def grouped_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
+    """Dropless per-expert chunked GEMMs on expert-sorted tokens (`zaya_jax.model.grouped`); per device under
+    a data/context/expert mesh (`shard_map` over the token axes, expert weights replicated)."""
+    from zaya_jax.model.grouped import grouped_local
+    from zaya_jax.parallel.expert_parallel import TOKEN_AXES
+    from zaya_jax.parallel.mesh import AXES
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+        out = grouped_local(x, choice, gate, w_in, w_out)
+    else:
+        tokens = jax.sharding.PartitionSpec(TOKEN_AXES)
+        none = jax.sharding.PartitionSpec()
+        out = jax.shard_map(grouped_local, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none),
+                            out_specs=tokens, check_vma=False)(x, choice, gate, w_in, w_out)
+    return DispatchResult(out, jnp.zeros((), jnp.int32))
+
+
 def resolve_dispatch(name: str) -> str:
-    """The concrete dispatch for `name` at trace time (`auto` looks at the active mesh)."""
+    """The concrete dispatch for `name` at trace time (`auto` looks at the active mesh and the backend)."""
     if name != "auto":
         return name
     from zaya_jax.parallel.mesh import AXES
 
     mesh = jax.sharding.get_abstract_mesh()
-    return "ep" if not mesh.empty and set(AXES) <= set(mesh.axis_names) else "ragged"
+    meshed = not mesh.empty and set(AXES) <= set(mesh.axis_names)
+    if meshed and mesh.shape["expert"] > 1:
+        return "ep"
+    if jax.default_backend() == "cpu":
+        return "grouped"
+    return "ep" if meshed else "ragged"
 
 
 def get_dispatch(name: str) -> Dispatch:
@@ -110,7 +135,8 @@ def get_dispatch(name: str) -> Dispatch:
         from zaya_jax.parallel.expert_parallel import ep_dispatch
 
         return ep_dispatch
-    return {"dense": dense_dispatch, "ragged": ragged_dispatch, "capacity": capacity_dispatch}[name]
+    return {"dense": dense_dispatch, "ragged": ragged_dispatch, "capacity": capacity_dispatch,
+            "grouped": grouped_dispatch}[name]
 
 
 class MoEStats(NamedTuple):

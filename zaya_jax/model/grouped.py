@@ -1,0 +1,129 @@
+"""Dropless grouped expert GEMMs for CPU: tokens sorted by expert, per-expert loops over row chunks.
+
+XLA:CPU lowers `jax.lax.ragged_dot` to one dense masked dot (E× the expert FLOPs) and the capacity
+dispatch does cf× the work and drops overflow. Here the tokens of expert e occupy rows
+[start_e, start_e + n_e) of a sorted buffer; a loop over experts slices W_e once, and inner loops
+walk its rows in chunks of `BIG` rows, then the rest in one chunk per binary digit (128, 64, 32, 16), so
+the wasted work is < SMALL rows per expert and the loop count stays small (dynamic trip counts: work ≈ the
+active FLOPs, whatever the load balance).
+
+The backward pass is written by hand (`jax.custom_vjp`; JAX cannot differentiate loops with dynamic
+trip counts) with the same loop structure; gate/up activations are kept from the forward pass.
+Chunks write whole blocks: rows past the group are masked to zero, and because experts run in
+increasing order a later expert overwrites them with its own result. On GPU/TPU prefer `ragged_dot`.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+SMALL, BIG = 16, 256  # row granularity (waste < SMALL rows per expert) and the largest chunk
+
+
+def _chunk_plan(n: jax.Array, rows: int) -> list[tuple[int, jax.Array, jax.Array]]:
+    """[(size, first row offset, count), ...] covering rows [0, n) rounded up to a multiple of SMALL: chunks of
+    the largest size (≤ BIG and ≤ the buffer's `rows`), then at most one chunk of each smaller power of two
+    (the binary digits of the rest), so an expert takes ≤ n/BIG + log2(BIG/SMALL) loop iterations."""
+    n16 = (n + SMALL - 1) // SMALL * SMALL
+    sizes = [s for s in (BIG >> k for k in range(BIG.bit_length())) if SMALL <= s <= rows]
+    plan = [(sizes[0], jnp.zeros_like(n), n16 // sizes[0])]
+    for size in sizes[1:]:
+        rest = n16 % (2 * size)
+        plan.append((size, n16 - rest, rest // size))
+    return plan
+
+
+def _silu_parts(g: jax.Array) -> tuple[jax.Array, jax.Array]:
+    s = jax.nn.sigmoid(g)
+    return g * s, s
+
+
+def _forward(xs, starts, sizes, w_in, w_out):
+    """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H], gate_up [Tp, 2I])."""
+    h, two_i = w_in.shape[1], w_in.shape[2]
+    ys = jnp.zeros_like(xs)
+    gu_all = jnp.zeros((xs.shape[0], two_i), xs.dtype)
+
+    def expert(e, carry):
+        wi, wo, start, n = w_in[e], w_out[e], starts[e], sizes[e]
+        for size, offset, count in _chunk_plan(n, xs.shape[0]):
+            def chunk(j, c, size=size, offset=offset):
+                ys, gu_all = c
+                row = offset + j * size
+                x = jax.lax.dynamic_slice(xs, (start + row, 0), (size, h))
+                gu = x @ wi
+                g, u = jnp.split(gu, 2, axis=-1)
+                y = (_silu_parts(g)[0] * u) @ wo
+                valid = (row + jnp.arange(size) < n)[:, None]
+                ys = jax.lax.dynamic_update_slice(ys, jnp.where(valid, y, 0).astype(ys.dtype), (start + row, 0))
+                return ys, jax.lax.dynamic_update_slice(gu_all, gu.astype(gu_all.dtype), (start + row, 0))
+            carry = jax.lax.fori_loop(0, count, chunk, carry)
+        return carry
+
+    return jax.lax.fori_loop(0, w_in.shape[0], expert, (ys, gu_all))
+
+
+@jax.custom_vjp
+def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax.Array, w_out: jax.Array
+                   ) -> jax.Array:
+    """Per-expert SwiGLU on an expert-sorted buffer.
+
+    xs: [Tp, H] rows sorted by expert, with at least SMALL zero rows of padding after the last group;
+    starts, sizes: [E] int32 (rows of expert e: [starts[e], starts[e] + sizes[e])); w_in: [E, H, 2I]
+    (gate | up); w_out: [E, I, H]. Returns ys [Tp, H]: expert outputs, 0 on rows of no group.
+    """
+    return _forward(xs, starts, sizes, w_in, w_out)[0]
+
+
+def _fwd(xs, starts, sizes, w_in, w_out):
+    ys, gu_all = _forward(xs, starts, sizes, w_in, w_out)
+    return ys, (xs, gu_all, starts, sizes, w_in, w_out)
+
+
+def _bwd(res, dys):
+    xs, gu_all, starts, sizes, w_in, w_out = res
+    h, two_i = w_in.shape[1], w_in.shape[2]
+
+    def expert(dxs, per_expert):
+        wi, wo, start, n = per_expert
+        acc = (dxs, jnp.zeros(wi.shape, jnp.float32), jnp.zeros(wo.shape, jnp.float32))
+        for size, offset, count in _chunk_plan(n, xs.shape[0]):
+            def chunk(j, c, size=size, offset=offset):
+                dxs, acc_in, acc_out = c
+                row = offset + j * size
+                at = (start + row, 0)
+                valid = (row + jnp.arange(size) < n)[:, None]
+                x = jax.lax.dynamic_slice(xs, at, (size, h))
+                g, u = jnp.split(jax.lax.dynamic_slice(gu_all, at, (size, two_i)), 2, axis=-1)
+                dy = jnp.where(valid, jax.lax.dynamic_slice(dys, at, (size, h)), 0)
+                act, sig = _silu_parts(g)
+                acc_out = acc_out + ((act * u).T @ dy).astype(jnp.float32)
+                da = dy @ wo.T
+                dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
+                acc_in = acc_in + (x.T @ dgu).astype(jnp.float32)
+                dxs = jax.lax.dynamic_update_slice(dxs, (dgu @ wi.T).astype(dxs.dtype), at)
+                return dxs, acc_in, acc_out
+            acc = jax.lax.fori_loop(0, count, chunk, acc)
+        dxs, acc_in, acc_out = acc
+        return dxs, (acc_in.astype(wi.dtype), acc_out.astype(wo.dtype))
+
+    dxs, (dw_in, dw_out) = jax.lax.scan(expert, jnp.zeros_like(xs), (w_in, w_out, starts, sizes))
+    return dxs, None, None, dw_in, dw_out
+
+
+grouped_swiglu.defvjp(_fwd, _bwd)
+
+
+def grouped_local(x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Array, w_out: jax.Array
+                  ) -> jax.Array:
+    """x [T, H], choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] (0 for skip tokens)."""
+    t, h = x.shape
+    num_experts = w_in.shape[0]
+    order = jnp.argsort(choice, stable=True)  # skip tokens sort last
+    sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+    starts = (jnp.cumsum(sizes) - sizes).astype(jnp.int32)
+    xs = jnp.concatenate([x[order], jnp.zeros((SMALL, h), x.dtype)], axis=0)
+    ys = grouped_swiglu(xs, starts, sizes, w_in, w_out)[:t]
+    inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t, dtype=order.dtype))
+    return ys[inverse] * gate[:, None].astype(x.dtype)
