@@ -3,6 +3,10 @@
     python -m launch.bench --suite=collectives --out=/tmp/bench --quick
     python -m launch.bench --suite=gemm --out=/tmp/bench --dtype=bfloat16
     python -m launch.bench --suite=membw --out=/tmp/bench --min_bytes=1048576 --max_bytes=4294967296
+    python -m launch.bench --suite=train --out=benchmarks/train --cpu_devices=1   # vs transformers, MFU
+    python -m launch.bench --suite=moe --out=benchmarks/moe                       # MoE / dense per dispatch
+    python -m launch.bench --suite=compile --out=benchmarks/compile               # compile time vs depth
+    python -m launch.bench --suite=checkpoint --out=benchmarks/checkpoint         # Orbax save vs raw disk
 
 CPU device emulation: XLA reads `--xla_force_host_platform_device_count` once, when jax is first
 imported, i.e. before absl parses flags. This module therefore peeks at `sys.argv` for
@@ -18,9 +22,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import sys
+
 from launch.cpu_devices import emulate_from_argv
 
-emulate_from_argv(default=8)  # before anything imports jax
+# Single-device suites default to 1 emulated device: XLA:CPU splits the host's threads between emulated
+# devices, so a one-device computation runs ~3x slower on a 2-core host with 8 emulated devices.
+ONE_DEVICE_SUITES = ("train", "moe", "compile", "checkpoint")
+emulate_from_argv(default=1 if any(a in (f"--suite={s}" for s in ONE_DEVICE_SUITES) for a in sys.argv) else 8)
 
 from absl import app, flags  # noqa: E402
 
@@ -97,6 +106,74 @@ def _run_membw(f: flags.FlagValues) -> None:
               trials=f.trials or (3 if f.quick else 10))
 
 
+def _bench_config(f: flags.FlagValues, default: str):
+    import os
+
+    from zaya_jax.config import load_config
+
+    path = f.config or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), default)
+    return load_config(path)
+
+
+@register_suite("train", "training tokens/s of the jitted train step vs transformers ZayaForCausalLM "
+                         "(interleaved, same weights and batches), MFU vs the measured GEMM peak")
+def _run_train(f: flags.FlagValues) -> None:
+    from zaya_jax.bench import common, train
+
+    config = train.bench_config(_bench_config(f, "experiments/zaya1_100m.py"), quick=f.quick, batch=f.batch,
+                                seq=f.seq_len, dispatch=f.dispatch, dtype=f.dtype, remat=f.remat)
+    extra_rows, notes = [], []
+    if not f.quick:
+        from zaya_jax.bench import maxtext
+
+        row = maxtext.row(f.maxtext_python)
+        extra_rows.append(row)
+        notes.append(f"maxtext: {row['notes']}")
+    train.run(f.out, config, command=common.command_line(), steps=f.trials or (2 if f.quick else 3),
+              warmup=f.warmup if f.warmup is not None else 1,
+              optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),
+              reference=f.reference, gemm_size=256 if f.quick else 1024, extra_rows=extra_rows,
+              extra_notes=notes)
+
+
+@register_suite("moe", "MoE block / dense SwiGLU of equal active FLOPs per dispatch (forward + backward)")
+def _run_moe(f: flags.FlagValues) -> None:
+    from zaya_jax.bench import common, moe
+    from zaya_jax.bench.train import QUICK_MODEL
+
+    config = _bench_config(f, "experiments/zaya1_100m.py")
+    if f.quick:
+        config.model.update(QUICK_MODEL)
+    tokens = f.tokens or (256 if f.quick else config.train.global_batch_size * config.train.seq_len)
+    moe.run(f.out, config.model, tokens, command=common.command_line(),
+            dispatches=f.dispatches or moe.DISPATCHES,
+            capacity_factors=[float(x) for x in f.capacity_factors] if f.capacity_factors else
+            ([] if f.quick else [2.0, 1.25]),
+            warmup=f.warmup if f.warmup is not None else 1, trials=f.trials or (2 if f.quick else 5))
+
+
+@register_suite("compile", "train-step compile time vs depth (8, 40, 80 layers) for a small-width config")
+def _run_compile(f: flags.FlagValues) -> None:
+    from zaya_jax.bench import common, compile as compile_bench
+
+    depths = [int(d) for d in f.depths] if f.depths else ([2, 4] if f.quick else [8, 40, 80])
+    compile_bench.run(f.out, _bench_config(f, "experiments/zaya1_100m.py"), command=common.command_line(),
+                      depths=depths, optimizer=(f.optimizers or ["muon"])[0],
+                      **(dict(batch=2, seq=32) if f.quick else {}))
+
+
+@register_suite("checkpoint", "Orbax checkpoint save throughput vs raw sequential writes (fsync) to the same disk")
+def _run_checkpoint(f: flags.FlagValues) -> None:
+    from zaya_jax.bench import ckpt, common
+    from zaya_jax.bench.train import QUICK_MODEL
+
+    config = _bench_config(f, "experiments/zaya1_100m.py")
+    if f.quick:
+        config.model.update(QUICK_MODEL)
+    ckpt.run(f.out, config, command=common.command_line(), directory=f.ckpt_dir,
+             trials=f.trials or (2 if f.quick else 3), optimizer=(f.optimizers or ["muon"])[0])
+
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("suite", None, "benchmark suite, one of the SUITES registry: " +
                     "; ".join(f"{k}: {v[1]}" for k, v in SUITES.items()))
@@ -113,8 +190,22 @@ flags.DEFINE_list("collectives", None, "collectives: subset of all_reduce, reduc
                                        "broadcast, all_to_all, ppermute")
 flags.DEFINE_integer("gemm_tokens", None, "gemm: tokens per device T for the ZAYA1 shapes")
 flags.DEFINE_float("max_gflop", None, "gemm: skip shapes above this many GFLOP")
+flags.DEFINE_string("config", None, "train/moe/compile/checkpoint: experiment config file (default "
+                                    "experiments/zaya1_100m.py)")
+flags.DEFINE_integer("batch", None, "train: global batch size override")
+flags.DEFINE_integer("seq_len", None, "train: sequence length override")
+flags.DEFINE_string("dispatch", None, "train: model.dispatch override (auto, grouped, ragged, capacity, ep, dense)")
+flags.DEFINE_string("remat", None, "train: model.remat override")
+flags.DEFINE_list("optimizers", None, "train: adamw (same as the reference) and/or muon (the project default)")
+flags.DEFINE_bool("reference", True, "train: also time transformers ZayaForCausalLM (needs torch + transformers)")
+flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see peers.md)")
+flags.DEFINE_integer("tokens", None, "moe: tokens T per block call (default batch x seq of the config)")
+flags.DEFINE_list("dispatches", None, "moe: subset of dense, ragged, capacity, grouped, ep")
+flags.DEFINE_list("capacity_factors", None, "moe: capacity factors for capacity / ep (default 2.0, 1.25)")
+flags.DEFINE_list("depths", None, "compile: layer counts (default 8, 40, 80)")
+flags.DEFINE_string("ckpt_dir", None, "checkpoint: directory on the disk to measure (default: the temp dir)")
 flags.DEFINE_integer("cpu_devices", 8, "emulated CPU devices (read from argv before jax is imported; "
-                                       "0 = keep XLA_FLAGS)")
+                                       "0 = keep XLA_FLAGS; default 1 for the train/moe/compile/checkpoint suites)")
 flags.DEFINE_string("coordinator_address", None, "multi-process: jax.distributed coordinator host:port")
 flags.DEFINE_integer("num_processes", None, "multi-process: number of processes")
 flags.DEFINE_integer("process_id", None, "multi-process: this process's id")

@@ -136,3 +136,102 @@ def test_common_helpers(tmp_path):
     assert info["device_count"] == 8 and info["backend"] == "cpu" and info["cpu_cores"] >= 1
     common.write_csv(str(tmp_path / "x.csv"), [{"a": 1}, {"a": 2, "b": 3}])
     assert common.read_csv(str(tmp_path / "x.csv"))[1] == {"a": "2", "b": "3"}
+
+
+# ------------------------------------------------------------------ train / moe / compile / checkpoint suites
+
+
+def _finite_positive(x) -> bool:
+    return np.isfinite(float(x)) and float(x) > 0
+
+
+def _tiny_config():
+    from zaya_jax.config import default_config
+
+    return default_config()
+
+
+def test_train_suite_quick(tmp_path):
+    from zaya_jax.bench import train
+
+    config = train.bench_config(_tiny_config(), quick=True, batch=2, seq=32)
+    rows = train.run(str(tmp_path), config, steps=1, warmup=1, gemm_size=64, command="pytest")
+    got = {r["impl"]: r for r in rows}
+    csv_rows = common.read_csv(str(tmp_path / "train.csv"))
+    assert list(csv_rows[0]) == list(train.COLUMNS)
+    md = (tmp_path / "train.md").read_text()
+    assert "pytest" in md and "cpu_model" in md and "ratio_vs_transformers" in md
+    ours = got["zaya_jax"]
+    assert ours["tokens_per_s"] == pytest.approx(ours["tokens_per_step"] / ours["step_s_median"])
+    assert _finite_positive(ours["mfu"]) and _finite_positive(ours["gemm_peak_gflops"])
+    assert ours["dropped_fraction"] == 0.0  # the default dispatch is dropless
+    if "transformers" in got and "tokens_per_s" in got["transformers"]:
+        ref = got["transformers"]
+        assert _finite_positive(ours["ratio_vs_transformers"])
+        assert ours["ratio_vs_transformers"] == pytest.approx(ours["tokens_per_s"] / ref["tokens_per_s"])
+        assert abs(ours["loss_first"] - ref["loss_first"]) < 1e-4  # same weights, same batch
+        assert float(csv_rows[[r["impl"] for r in csv_rows].index("zaya_jax")]["ratio_vs_transformers"]) > 0
+
+
+def test_moe_suite_quick(tmp_path):
+    from zaya_jax.bench import moe
+    from zaya_jax.bench.train import QUICK_MODEL
+
+    m = _tiny_config().model
+    m.update(QUICK_MODEL)
+    rows = moe.run(str(tmp_path), m, 64, dispatches=("capacity", "grouped", "ep"), warmup=1, trials=1,
+                   ep_devices=2, command="pytest")
+    assert [r["dispatch"] for r in rows] == ["capacity", "grouped", "ep"]
+    for r in rows:
+        assert _finite_positive(r["ratio_vs_dense"])
+        assert r["ratio_vs_dense"] == pytest.approx(r["moe_s_median"] / r["dense_s_median"])
+    assert rows[1]["dropped_fraction"] == 0.0 and rows[2]["devices"] == 2
+    assert list(common.read_csv(str(tmp_path / "moe.csv"))[0]) == list(moe.COLUMNS)
+    assert "pytest" in (tmp_path / "moe.md").read_text()
+    router, expert = moe.active_flops_per_token(m)
+    assert moe.dense_width(m) * 6 * m.hidden_size == pytest.approx(router + expert, rel=0.05)
+
+
+def test_compile_suite_quick(tmp_path):
+    from zaya_jax.bench import compile as compile_bench
+
+    rows = compile_bench.run(str(tmp_path), _tiny_config(), depths=(1, 3), optimizer="adamw", batch=2, seq=16,
+                             command="pytest")
+    assert [r["layers"] for r in rows] == [1, 3]
+    for r in rows:
+        assert _finite_positive(r["compile_s"]) and r["hlo_instructions"] > 0
+        assert r["ratio_vs_smallest"] == pytest.approx(r["total_s"] / rows[0]["total_s"])
+    assert list(common.read_csv(str(tmp_path / "compile.csv"))[0]) == list(compile_bench.COLUMNS)
+
+
+def test_checkpoint_suite_quick(tmp_path):
+    from zaya_jax.bench import ckpt
+    from zaya_jax.bench.train import QUICK_MODEL
+
+    config = _tiny_config()
+    config.model.update(QUICK_MODEL)
+    config.model.num_layers = 1
+    rows = ckpt.run(str(tmp_path / "out"), config, directory=str(tmp_path), trials=1, optimizer="adamw",
+                    command="pytest")
+    assert [r["kind"] for r in rows] == ["raw_fsync", "raw_no_fsync", "checkpoint"]
+    for r in rows:
+        assert _finite_positive(r["MiB_per_s"]) and _finite_positive(r["ratio_vs_raw"])
+        assert r["ratio_vs_raw"] == pytest.approx(r["MiB_per_s"] / rows[0]["MiB_per_s"])
+        assert r["MiB_per_s"] == pytest.approx(r["bytes"] / 2**20 / r["s_median"])
+    assert list(common.read_csv(str(tmp_path / "out" / "checkpoint.csv"))[0]) == list(ckpt.COLUMNS)
+    assert not [p for p in os.listdir(tmp_path) if p.startswith("zaya_ckpt_bench_")]  # cleaned up
+
+
+def test_profile_hook_writes_trace(tmp_path):
+    from zaya_jax.train.profiling import ProfileHook
+
+    hook = ProfileHook(str(tmp_path / "prof"), start=1, stop=2)
+    f = jax.jit(lambda x: x @ x)
+    x = jnp.ones((32, 32))
+    for step in range(1, 4):
+        x = f(x) / 32
+        hook(step, x, {})
+    assert hook.done and not hook.active
+    assert any(name.endswith(".xplane.pb") for _, _, files in os.walk(tmp_path / "prof") for name in files)
+    with pytest.raises(ValueError, match="start"):
+        ProfileHook(str(tmp_path), start=0, stop=1)

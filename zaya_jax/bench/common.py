@@ -270,3 +270,48 @@ def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> No
     print("  ".join(c.rjust(w) for c, w in zip(columns, widths)))
     for r in rows:
         print("  ".join(fmt(r.get(c, "")).rjust(w) for c, w in zip(columns, widths)))
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The exact command that produced a result (`python -m launch.bench ...` for the bench launcher)."""
+    import shlex
+    import sys
+
+    argv = list(sys.argv if argv is None else argv)
+    if argv and argv[0].endswith(os.path.join("launch", "bench.py")):
+        argv = ["python", "-m", "launch.bench", *argv[1:]]
+    return " ".join(shlex.quote(a) for a in argv)
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    """A GitHub Markdown table of `rows` restricted to `columns` (floats with 4 significant digits)."""
+    def fmt(v: Any) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_markdown(path: str, title: str, sections: Sequence[tuple[str, str]], *, command: str | None = None,
+                   machine: Mapping[str, Any] | None = None) -> None:
+    """Markdown report: title, the exact command, the machine description, then (heading, body) sections."""
+    machine = machine if machine is not None else machine_info()
+    parts = [f"# {title}", "", "Command:", "", "```", command or command_line(), "```", "",
+             "Machine: " + ", ".join(f"{k}={v}" for k, v in machine.items() if k not in ("hostname",)), ""]
+    for heading, body in sections:
+        parts += [f"## {heading}", "", body.rstrip(), ""]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator / denominator, NaN when the denominator is not a positive finite number."""
+    import math
+
+    if not (denominator and math.isfinite(denominator) and denominator > 0):
+        return float("nan")
+    return float(numerator) / float(denominator)

@@ -1,0 +1,67 @@
+"""MaxText (the JAX MoE reference stack) as an optional peer row for the train suite.
+
+MaxText is never a project dependency: it needs Python ≥ 3.12 and its own venv
+(`python3.12 -m venv mt && mt/bin/pip install "maxtext[tpu]==0.2.5"`, `peers.md`). Given that venv's
+python, `row()` runs its trainer on synthetic data with a Mixtral-style MoE decoder (MaxText has no
+ZAYA1/CCA block) sized like peers.md's measurement and reports its median step time over the steps after
+the first three. Without a python, or when the run fails, the row says why instead of a number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from typing import Any
+
+SETTINGS = dict(decoder_block="mixtral", base_emb_dim=256, base_num_decoder_layers=4, base_mlp_dim=512,
+                base_moe_mlp_dim=512, num_experts=8, num_experts_per_tok=2, base_num_query_heads=4,
+                base_num_kv_heads=2, head_dim=64, vocab_size=1024, max_target_length=256, per_device_batch_size=4,
+                steps=10, enable_checkpointing="false", attention="dot_product", log_period=1, megablox="false",
+                sparse_matmul="true", dataset_type="synthetic", hardware="cpu", skip_jax_distributed_system="true")
+SKIP_STEPS = 3
+
+
+def _package_dir(python: str) -> str:
+    out = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise RuntimeError(f"maxtext does not import in {python}: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip()
+
+
+def row(python: str | None, timeout_s: int = 900) -> dict[str, Any]:
+    """A train-suite row for MaxText (impl="maxtext"), or a row whose `notes` say why it was not run."""
+    base = dict(impl="maxtext", optimizer="adamw", dispatch="sparse_matmul (ragged)", dtype="bfloat16")
+    if not python:
+        return dict(base, notes="not run: MaxText needs Python >= 3.12 and its own venv; pass "
+                                "--maxtext_python=<venv>/bin/python (install: peers.md)")
+    try:
+        pkg = _package_dir(python)
+        with tempfile.TemporaryDirectory() as tmp:
+            metrics = os.path.join(tmp, "metrics.jsonl")
+            args = [python, "-m", "maxtext.trainers.pre_train.train", os.path.join(pkg, "configs", "base.yml"),
+                    "run_name=zaya_bench", f"base_output_directory={tmp}", f"metrics_file={metrics}",
+                    *(f"{k}={v}" for k, v in SETTINGS.items())]
+            env = dict(os.environ, JAX_PLATFORMS="cpu", DECOUPLE_GCLOUD="TRUE",
+                       XLA_FLAGS="--xla_force_host_platform_device_count=1")
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, env=env)
+            if proc.returncode != 0 or not os.path.exists(metrics):
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                return dict(base, notes=f"run failed (exit {proc.returncode}): {tail[0][:200]}")
+            with open(metrics, encoding="utf-8") as f:
+                steps = [json.loads(line) for line in f if line.strip()]
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as err:
+        return dict(base, notes=f"not run: {type(err).__name__}: {str(err)[:200]}")
+    secs = [s["perf/step_time_seconds"] for s in steps[SKIP_STEPS:] if "perf/step_time_seconds" in s]
+    if not secs:
+        return dict(base, notes=f"no step times in the metrics file ({len(steps)} records)")
+    tokens = SETTINGS["per_device_batch_size"] * SETTINGS["max_target_length"]
+    med = statistics.median(secs)
+    return dict(base, batch=SETTINGS["per_device_batch_size"], seq=SETTINGS["max_target_length"],
+                tokens_per_step=tokens, steps=len(secs), step_s_median=med, step_s_min=min(secs),
+                tokens_per_s=tokens / med,
+                notes="different model: Mixtral-style decoder, hidden 256, 4 layers, 8 experts top-2, vocab 1024 "
+                      "(MaxText has no CCA/ZAYA1 block); tokens/s not comparable 1:1 with the rows above")
