@@ -4,6 +4,8 @@ and a roofline step time / MFU for the target hardware — from abstract shapes,
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096 --remat=auto --out=plan.json
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --compile_scaling
+    python -m launch.plan --config=experiments/zaya1_base.py --config.train.seq_len=32768 \
+        --config.mesh.data=1 --config.mesh.context=8 --config.mesh.context_layout=zigzag   # context-parallel CCA
 
 `--remat=auto` tries none → dots → full and reports the first policy whose peak fits
 `--usable_memory_fraction` of the device memory. `--compile_scaling` compiles the train step of the config at
