@@ -4,8 +4,9 @@ and a roofline step time / MFU for the target hardware — from abstract shapes,
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096 --remat=auto --out=plan.json
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --compile_scaling
-    python -m launch.plan --config=experiments/zaya1_base.py --config.train.seq_len=32768 \
-        --config.mesh.data=1 --config.mesh.context=8 --config.mesh.context_layout=zigzag   # context-parallel CCA
+    python -m launch.plan --config=experiments/zaya1_base.py --mesh=context:8 --seq=32768  # context-parallel CCA
+
+Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout (`zaya_jax.parallel.context`).
 
 `--remat=auto` tries none → dots → full and reports the first policy whose peak fits
 `--usable_memory_fraction` of the device memory. `--compile_scaling` compiles the train step of the config at
@@ -129,15 +130,18 @@ def format_plan(r: dict) -> str:
 def main(argv):
     del argv
     from zaya_jax import plan as planner
-    from zaya_jax.config import validate
+    from zaya_jax.config import ConfigError, validate
 
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
-    cfg, notes = planner.planning_config(
-        config, mesh=planner.parse_mesh(FLAGS.mesh) if FLAGS.mesh else None, seq_len=FLAGS.seq,
-        batch_per_device=FLAGS.batch_per_device, microbatches=FLAGS.microbatches, remat=remat,
-        param_sharding=FLAGS.param_sharding, dispatch=dispatch, capacity_factor=FLAGS.capacity_factor or None)
+    try:
+        cfg, notes = planner.planning_config(
+            config, mesh=planner.parse_mesh(FLAGS.mesh) if FLAGS.mesh else None, seq_len=FLAGS.seq,
+            batch_per_device=FLAGS.batch_per_device, microbatches=FLAGS.microbatches, remat=remat,
+            param_sharding=FLAGS.param_sharding, dispatch=dispatch, capacity_factor=FLAGS.capacity_factor or None)
+    except ConfigError as err:
+        raise SystemExit(f"plan: error: {err}") from None
     for note in notes:
         print(f"note: {note}")
     if FLAGS.compile_scaling:

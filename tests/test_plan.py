@@ -18,7 +18,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from zaya_jax import hlo_stats, plan
-from zaya_jax.config import load_config
+from zaya_jax.config import ConfigError, load_config
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
 
@@ -192,6 +192,8 @@ def test_plan_context_parallel_zigzag():
     attention share of the zigzag layout (2n+1 of 4n² blocks per device)."""
     config = load_config(TINY)
     config.mesh.context_layout = "zigzag"
+    with pytest.raises(ConfigError, match=r"not divisible by mesh.context=2 x 2"):
+        plan.planning_config(config, mesh={"data": 4, "context": 2}, seq_len=250)
     cfg, _ = plan.planning_config(config, mesh={"data": 4, "context": 2}, seq_len=256, remat="none",
                                   capacity_factor=1.0)
     result = plan.plan(cfg)

@@ -35,6 +35,7 @@ import ml_collections
 from jax.sharding import NamedSharding
 
 from zaya_jax import hlo_stats, sizing
+from zaya_jax.config import validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
@@ -102,6 +103,7 @@ def planning_config(config: ml_collections.ConfigDict, *, mesh: dict[str, int] |
         if capacity_factor and capacity_factor != m.capacity_factor:
             notes.append(f"capacity_factor {m.capacity_factor} -> {capacity_factor} for planning")
             m.capacity_factor = float(capacity_factor)
+    validate_mesh(cfg)  # e.g. the sequence must split into equal context-parallel chunks
     return cfg, notes
 
 
