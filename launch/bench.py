@@ -126,9 +126,7 @@ def _run_train(f: flags.FlagValues) -> None:
     if not f.quick:
         from zaya_jax.bench import maxtext
 
-        row = maxtext.row(f.maxtext_python)
-        extra_rows.append(row)
-        notes.append(f"maxtext: {row['notes']}")
+        extra_rows.append(maxtext.row(f.maxtext_python))
     train.run(f.out, config, command=common.command_line(), steps=f.trials or (2 if f.quick else 3),
               warmup=f.warmup if f.warmup is not None else 1,
               optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),

@@ -94,7 +94,8 @@ def time_moe(m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: 
     router, expert = active_flops_per_token(m)
     work = {"dense": float(m.num_experts), "ragged": float(m.num_experts) if jax.default_backend() == "cpu" else 1.0,
             "capacity": m.num_experts * capacity(tokens, m.num_experts, m.capacity_factor) / tokens,
-            "ep": m.num_experts * capacity(tokens // n, m.num_experts, m.capacity_factor) / (tokens // n)}
+            "ep": m.num_experts * capacity(tokens // n, m.num_experts, m.capacity_factor) / (tokens // n),
+            "grouped": float(np.sum(-(-np.asarray(stats.counts[:-1]) // 16) * 16)) / tokens}  # rows rounded to 16
     return dict(dispatch=dispatch, devices=n, tokens=tokens, hidden=m.hidden_size, experts=m.num_experts,
                 expert_width=m.moe_intermediate_size, dense_width=dense_width(m), capacity_factor=m.capacity_factor,
                 moe_s_median=t_moe.median, moe_s_min=t_moe.min, dense_s_median=t_dense.median,
