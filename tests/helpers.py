@@ -41,3 +41,28 @@ def random_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> dict[str, n
     """Token ids in [3, vocab) (no pad/eos/bos), labels = next tokens, all positions counted."""
     ids = np.random.default_rng(seed).integers(3, vocab, (batch, seq + 1)).astype(np.int32)
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:], "loss_mask": np.ones((batch, seq), np.float32)}
+
+
+def mean_loss_and_grads(config, devices, batch: dict[str, np.ndarray]):
+    """(mean CE, mean-per-token grads, expert counts [L, E+1], dropped [L]) of one step's loss on `batch`,
+    with the train state created fresh (seed `train.seed`) on a mesh of `devices`; fetched to host."""
+    from jax.sharding import NamedSharding
+
+    from zaya_jax.parallel import sharding
+    from zaya_jax.parallel.mesh import make_mesh
+    from zaya_jax.train.optimizer import make_optimizer
+    from zaya_jax.train.state import create_train_state
+    from zaya_jax.train.step import loss_and_grads
+
+    mesh = make_mesh(config, devices)
+    graphdef, state, _ = create_train_state(config, mesh, make_optimizer(config))
+    batch_sh = NamedSharding(mesh, sharding.batch_spec(2))
+
+    @jax.jit
+    def fn(params, biases, batch):
+        sums, grads, counts, dropped = loss_and_grads(graphdef, params, biases, batch, config)
+        return sums.ce / sums.tokens, jax.tree.map(lambda g: g / sums.tokens, grads), counts, dropped
+
+    with jax.set_mesh(mesh):
+        batch = {k: jax.device_put(v, batch_sh) for k, v in batch.items()}
+        return jax.device_get(fn(state.params, state.biases, batch))

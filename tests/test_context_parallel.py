@@ -14,13 +14,13 @@ import pytest
 from flax import nnx
 from jax.sharding import AxisType, NamedSharding
 
-from tests.helpers import assert_trees_close, random_batch, rel_err, tiny_config
+from tests.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax.config import ConfigError, validate
 from zaya_jax.model.cca import CCA
 from zaya_jax.parallel import context, sharding
 from zaya_jax.parallel.mesh import AXES, make_mesh
 from zaya_jax.train.optimizer import make_optimizer
-from zaya_jax.train.state import abstract_train_state, create_train_state
+from zaya_jax.train.state import abstract_train_state
 from zaya_jax.train.step import loss_and_grads
 
 SEQ, BATCH = 1024, 4
@@ -111,20 +111,7 @@ def _config(data: int, ctx: int, expert: int, dispatch: str = "ep", layout: str 
 
 
 def _loss_and_grads(config, devices):
-    mesh = make_mesh(config, devices)
-    graphdef, state, _ = create_train_state(config, mesh, make_optimizer(config))
-    batch = random_batch(BATCH, SEQ, config.model.vocab_size)
-    batch_sh = NamedSharding(mesh, sharding.batch_spec(2))
-
-    @jax.jit
-    def fn(params, biases, batch):
-        sums, grads, counts, dropped = loss_and_grads(graphdef, params, biases, batch, config)
-        return sums.ce / sums.tokens, jax.tree.map(lambda g: g / sums.tokens, grads), counts, dropped
-
-    with jax.set_mesh(mesh):
-        batch = {k: jax.device_put(v, batch_sh) for k, v in batch.items()}
-        out = fn(state.params, state.biases, batch)
-    return jax.device_get(out)
+    return mean_loss_and_grads(config, devices, random_batch(BATCH, SEQ, config.model.vocab_size))
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,14 @@ import re
 import jax
 import numpy as np
 import pytest
-from jax.sharding import NamedSharding
 
-from tests.helpers import assert_trees_close, random_batch, rel_err, tiny_config
+from tests.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax.config import ConfigError
 from zaya_jax.model.zaya import Zaya
-from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import create_train_state, split_model
-from zaya_jax.train.step import loss_and_grads, make_train_step
+from zaya_jax.train.step import make_train_step
 
 MESHES = [(1, 1), (8, 1), (4, 2), (2, 4), (1, 8)]
 
@@ -30,21 +28,7 @@ def _config(data: int, expert: int, dispatch: str = "ep"):
 
 
 def _grads(config, devices):
-    mesh = make_mesh(config, devices)
-    tx = make_optimizer(config)
-    graphdef, state, shardings = create_train_state(config, mesh, tx)
-    batch = random_batch(8, config.train.seq_len, config.model.vocab_size)
-    batch_sh = NamedSharding(mesh, sharding.batch_spec(2))
-
-    @jax.jit
-    def fn(params, biases, batch):
-        sums, grads, counts, dropped = loss_and_grads(graphdef, params, biases, batch, config)
-        return sums.ce / sums.tokens, jax.tree.map(lambda g: g / sums.tokens, grads), counts, dropped
-
-    with jax.set_mesh(mesh):
-        batch = {k: jax.device_put(v, batch_sh) for k, v in batch.items()}
-        loss, grads, counts, dropped = fn(state.params, state.biases, batch)
-    return jax.device_get((loss, grads, counts, dropped))
+    return mean_loss_and_grads(config, devices, random_batch(8, config.train.seq_len, config.model.vocab_size))
 
 
 @pytest.fixture(scope="module")
