@@ -172,8 +172,7 @@ def extend(model: Zaya, cache: DecodeCache, ids: jax.Array, *, last_only: bool =
     positions = jnp.maximum(slots[None, :] - cache.start[:, None], 0)
     mask = attention_mask(slots, cache.start, cache.max_len)
 
-    e = jnp.take(model.embed[...], ids, axis=0).astype(jnp.float32)
-    r = (e + model.in_bias[...].astype(jnp.float32)) * model.in_scale[...].astype(jnp.float32)
+    r = model.embed_tokens(ids)
     a = jnp.zeros((b, s, m.router_hidden_size), jnp.float32)
     graphdef, stacked = nnx.split(model.layers)
 

@@ -91,6 +91,11 @@ class Zaya(nnx.Module):
         self.layers = _stacked_layers(m, rngs)
         self.final_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
 
+    def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
+        """Token embedding plus the input bias, times the input scale: [B, S] ids → fp32 residual [B, S, H]."""
+        e = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.float32)
+        return (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
+
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
                       context_layout: str = "contiguous"):
         """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats).
@@ -109,8 +114,7 @@ class Zaya(nnx.Module):
                          if positions is None else context.to_layout(positions, layout))
         elif positions is None:
             positions = jnp.arange(s, dtype=jnp.int32)[None, :]
-        e = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.float32)
-        r = (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
+        r = self.embed_tokens(input_ids)
         router_state = jnp.zeros((b, s, m.router_hidden_size), jnp.float32)
         graphdef, stacked = nnx.split(self.layers)
 
