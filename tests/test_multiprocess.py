@@ -44,12 +44,8 @@ def _node_command(workdir: str, data: str, coordinator: str, node: int) -> list[
             "--startup_timeout=600", "--", *trainer]
 
 
-def _run_two_nodes(workdir: str, data: str, timeout: float) -> list[str]:
-    """Start nodes 0 and 1 (4 devices each) against one coordinator; returns their stderr."""
-    coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen(_node_command(workdir, data, coordinator, i), cwd=REPO, env=env_for(4),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+def _wait_all_ok(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Wait for every process (killing stragglers on the way out); assert each exited 0; their stderr."""
     outputs = []
     try:
         for proc in procs:
@@ -60,8 +56,17 @@ def _run_two_nodes(workdir: str, data: str, timeout: float) -> list[str]:
                 proc.kill()
                 proc.wait()
     for i, (proc, err) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"node {i} exited {proc.returncode}:\n{err[-4000:]}"
+        assert proc.returncode == 0, f"process {i} exited {proc.returncode}:\n{err[-4000:]}"
     return outputs
+
+
+def _run_two_nodes(workdir: str, data: str, timeout: float) -> list[str]:
+    """Start nodes 0 and 1 (4 devices each) against one coordinator; returns their stderr."""
+    coordinator = f"127.0.0.1:{_free_port()}"
+    procs = [subprocess.Popen(_node_command(workdir, data, coordinator, i), cwd=REPO, env=env_for(4),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    return _wait_all_ok(procs, timeout)
 
 
 @pytest.mark.slow
@@ -153,15 +158,7 @@ def test_sigterm_on_one_process_stops_all_at_the_same_step(data_dir, tmp_path): 
         faults = {"ZAYA_FAULTS": "sigterm@1"} if i == 1 else {}
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(4, **faults), stdout=subprocess.DEVNULL,
                                       stderr=subprocess.PIPE, text=True))
-    try:
-        errs = [p.communicate(timeout=600)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for i, (p, err) in enumerate(zip(procs, errs)):
-        assert p.returncode == 0, f"process {i} exited {p.returncode}:\n{err[-3000:]}"
+    _wait_all_ok(procs, timeout=600)
     assert sorted(losses(workdir)) == [1, 2]
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
     preempted = [e for e in read_events(os.path.join(workdir, "events.jsonl")) if e["event"] == "preempted"]

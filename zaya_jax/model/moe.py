@@ -104,8 +104,8 @@ def grouped_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
     from zaya_jax.parallel.mesh import AXES
 
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(AXES) <= set(mesh.axis_names):
-        out = grouped_local(x, choice, gate, w_in, w_out)
+    if mesh.empty or not set(AXES) <= set(mesh.axis_names) or mesh.size == 1:  # 1 device: no shard_map (its
+        out = grouped_local(x, choice, gate, w_in, w_out)                      # transpose adds an all-reduce)
     else:
         tokens = jax.sharding.PartitionSpec(TOKEN_AXES)
         none = jax.sharding.PartitionSpec()
