@@ -15,16 +15,14 @@ import sys
 
 from absl import app, flags
 
+from launch.model_flags import define_model_flags
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("hf", None, "transformers checkpoint directory")
-flags.DEFINE_string("checkpoint", None, "zaya_jax training checkpoint directory")
+define_model_flags()
 flags.DEFINE_multi_string("data", [], "prepared data directories (their eval splits are scored)")
 flags.DEFINE_string("mc", None, "multiple-choice JSONL file")
 flags.DEFINE_integer("batch_size", 8, "rows per evaluation batch")
 flags.DEFINE_integer("max_batches", 0, "stop after this many batches (0 = the whole eval split)")
-flags.DEFINE_string("tokenizer", None, "'byte' or a tokenizer.json path (needed for data prepared with one)")
-flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "parameter/compute dtype for --hf (default fp32)")
-flags.DEFINE_enum("skip_output", "zero", ["zero", "scaled_input"], "skip-slot semantics for --hf (spec §7)")
 flags.DEFINE_boolean("show_scores", False, "include per-item choice scores in the MC summary")
 
 

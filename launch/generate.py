@@ -15,18 +15,16 @@ import time
 
 from absl import app, flags
 
+from launch.model_flags import define_model_flags
+
 FLAGS = flags.FLAGS
-flags.DEFINE_string("hf", None, "transformers checkpoint directory (config.json + *.safetensors)")
-flags.DEFINE_string("checkpoint", None, "zaya_jax training checkpoint directory")
+define_model_flags()
 flags.DEFINE_multi_string("prompt", None, "prompt text (repeat for a batch)")
 flags.DEFINE_integer("max_new_tokens", 64, "tokens to generate per prompt")
 flags.DEFINE_float("temperature", 0.0, "0 = greedy; > 0 samples")
 flags.DEFINE_integer("top_k", 0, "keep the k most likely tokens (0 = off)")
 flags.DEFINE_float("top_p", 1.0, "nucleus sampling mass (1 = off)")
 flags.DEFINE_integer("seed", 0, "sampling seed")
-flags.DEFINE_string("tokenizer", None, "'byte' or a tokenizer.json path (default: see module doc)")
-flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "parameter/compute dtype for --hf (default fp32)")
-flags.DEFINE_enum("skip_output", "zero", ["zero", "scaled_input"], "skip-slot semantics for --hf (spec §7)")
 flags.DEFINE_boolean("stop_at_eos", True, "stop a prompt's continuation at the tokenizer's eos")
 flags.DEFINE_boolean("bos", False, "prepend the tokenizer's bos id to every prompt")
 flags.mark_flags_as_required(["prompt"])
