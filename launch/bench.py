@@ -123,15 +123,38 @@ def _run_train(f: flags.FlagValues) -> None:
     config = train.bench_config(_bench_config(f, "experiments/zaya1_100m.py"), quick=f.quick, batch=f.batch,
                                 seq=f.seq_len, dispatch=f.dispatch, dtype=f.dtype, remat=f.remat)
     extra_rows, notes = [], []
-    if not f.quick:
+    if not f.quick and not f.train_side:
         from zaya_jax.bench import maxtext
 
         extra_rows.append(maxtext.row(f.maxtext_python))
+    rows = None
+    if f.separate_runs:
+        rows = train.pool_rounds(config, _separate_train_runs(f))
+        notes.append(f"each side ran alone in its own process, {f.separate_runs} rounds alternating "
+                     "zaya_jax / transformers (`--separate_runs`); step times pooled over the rounds")
     train.run(f.out, config, command=common.command_line(), steps=f.trials or (2 if f.quick else 3),
               warmup=f.warmup if f.warmup is not None else 1,
               optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),
               reference=f.reference, gemm_size=256 if f.quick else 1024, extra_rows=extra_rows,
-              extra_notes=notes)
+              extra_notes=notes, rows=rows, sides=[f.train_side] if f.train_side else train.SIDES)
+
+
+def _separate_train_runs(f: flags.FlagValues) -> list[list[dict]]:
+    """Re-run this command once per side and round, each in a fresh process; their rows (train_rows.json)."""
+    import json
+    import os
+    import subprocess
+
+    rounds = []
+    for r in range(f.separate_runs):
+        for side in ("zaya_jax", "transformers"):
+            out = os.path.join(f.out, "runs", f"{r}_{side}")
+            cmd = [sys.executable, *sys.orig_argv[1:], f"--train_side={side}", f"--out={out}", "--separate_runs=0"]
+            print(f"train: round {r} {side}: {' '.join(cmd[1:])}", flush=True)
+            subprocess.run(cmd, check=True)
+            with open(os.path.join(out, "train_rows.json"), encoding="utf-8") as fh:
+                rounds.append(json.load(fh))
+    return rounds
 
 
 @register_suite("moe", "MoE block / dense SwiGLU of equal active FLOPs per dispatch (forward + backward)")
@@ -196,6 +219,9 @@ flags.DEFINE_string("dispatch", None, "train: model.dispatch override (auto, gro
 flags.DEFINE_string("remat", None, "train: model.remat override")
 flags.DEFINE_list("optimizers", None, "train: adamw (same as the reference) and/or muon (the project default)")
 flags.DEFINE_bool("reference", True, "train: also time transformers ZayaForCausalLM (needs torch + transformers)")
+flags.DEFINE_integer("separate_runs", 0, "train: instead of interleaving steps in one process, run each side "
+                     "alone in a fresh process, alternating, this many rounds (pooled; avoids in-process interference)")
+flags.DEFINE_enum("train_side", None, ["zaya_jax", "transformers"], "train: time only this side")
 flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see peers.md)")
 flags.DEFINE_integer("tokens", None, "moe: tokens T per block call (default batch x seq of the config)")
 flags.DEFINE_list("dispatches", None, "moe: subset of dense, ragged, capacity, grouped, ep")

@@ -173,6 +173,28 @@ def test_train_suite_quick(tmp_path):
         assert float(csv_rows[[r["impl"] for r in csv_rows].index("zaya_jax")]["ratio_vs_transformers"]) > 0
 
 
+def test_pool_rounds_pools_step_times_of_separate_runs():
+    """Rows of separate single-side runs → one row per side: median over all steps, ratio of the pooled rates."""
+    from zaya_jax.bench import train
+
+    config = train.bench_config(_tiny_config(), quick=True, batch=2, seq=32)
+    tokens = 2 * 32
+
+    def side(impl, times, losses):
+        return dict(impl=impl, optimizer="adamw", _times=times, _losses=losses, gemm_peak_gflops=100.0,
+                    compile_s=1.0, notes="", dropped_fraction=0.0)
+
+    rounds = [[side("zaya_jax", [1.0, 3.0], [5.0, 4.0])], [side("transformers", [4.0, 4.0], [5.0, 4.5])],
+              [side("zaya_jax", [2.0, 2.5], [5.0, 4.0])], [side("transformers", [5.0, 6.0], [5.0, 4.5])],
+              [dict(impl="maxtext", notes="not run")]]
+    rows = {r["impl"]: r for r in train.pool_rounds(config, rounds)}
+    assert set(rows) == {"zaya_jax", "transformers"}
+    assert rows["zaya_jax"]["step_s_median"] == 2.25 and rows["transformers"]["step_s_median"] == 4.5
+    assert rows["zaya_jax"]["ratio_vs_transformers"] == pytest.approx((tokens / 2.25) / (tokens / 4.5))
+    assert rows["zaya_jax"]["max_abs_loss_diff"] == pytest.approx(0.5)
+    assert rows["zaya_jax"]["steps"] == 4
+
+
 def test_moe_suite_quick(tmp_path):
     from zaya_jax.bench import moe
     from zaya_jax.bench.train import QUICK_MODEL

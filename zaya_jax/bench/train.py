@@ -45,6 +45,7 @@ COLUMNS = ("impl", "optimizer", "dispatch", "dtype", "params_M", "batch", "seq",
            "compile_s", "step_s_median", "step_s_min", "tokens_per_s", "ratio_vs_transformers",
            "flops_per_token", "model_gflops_per_s", "gemm_peak_gflops", "mfu", "loss_first", "loss_last",
            "max_abs_loss_diff", "dropped_fraction", "notes")
+SIDES = ("zaya_jax", "transformers")
 QUICK_MODEL = dict(vocab_size=512, hidden_size=64, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=16,
                    num_experts=4, moe_intermediate_size=64, router_hidden_size=16, max_position_embeddings=256)
 
@@ -144,17 +145,19 @@ def _row(impl: str, optimizer: str, config: ml_collections.ConfigDict, times: li
                 compile_s=compile_s, step_s_median=med, step_s_min=min(times), tokens_per_s=tps,
                 flops_per_token=fpt, model_gflops_per_s=tps * fpt / 1e9, gemm_peak_gflops=peak / 1e9,
                 mfu=tps * fpt / peak, loss_first=losses[0], loss_last=losses[-1], dropped_fraction=dropped,
-                notes=notes, _losses=losses)
+                notes=notes, _losses=losses, _times=list(times))
 
 
 def benchmark(config: ml_collections.ConfigDict, *, steps: int = 3, warmup: int = 1,
               optimizers: Sequence[str] = ("adamw",), reference: bool = True, gemm_size: int = 1024,
-              log=print) -> list[dict[str, Any]]:
+              sides: Sequence[str] = SIDES, log=print) -> list[dict[str, Any]]:
     """Rows for each JAX optimizer and (if available and `reference`) the transformers reference.
 
     `config` should come from `bench_config`. Steps alternate JAX / torch; the first `warmup` steps of each
-    (compilation, allocator warm-up) are not timed but their losses are compared too.
+    (compilation, allocator warm-up) are not timed but their losses are compared too. `sides` runs only
+    one of the two (the JAX state is still created: it provides the reference's weights); see `pool_rounds`.
     """
+    run_jax, reference = "zaya_jax" in sides, reference and "transformers" in sides
     peaks = [gemm.measure_gemm_peak(jnp.float32, size=gemm_size, warmup=1, trials=3)]
     log(f"train: f32 GEMM peak {peaks[0] / 1e9:.1f} GFLOP/s ({gemm_size}^3; re-measured after every step)")
     t = config.train
@@ -169,16 +172,19 @@ def benchmark(config: ml_collections.ConfigDict, *, steps: int = 3, warmup: int 
             t0 = time.perf_counter()
             tt = torch_ref.TorchTrainer(config.model, jt.arrays(), **adamw_hparams(config))
             log(f"train: transformers model built in {time.perf_counter() - t0:.1f} s ({torch_ref.describe(tt)})")
+        if not run_jax and tt is None:
+            continue
         jl, jtimes, tl, ttimes, dropped = [], [], [], [], []
         jcompile = tcompile = 0.0
         for i, ids in enumerate(batches):
-            loss, sec, drop = jt.timed_step(ids)
-            jl.append(loss)
-            dropped.append(drop)
-            if i < warmup:
-                jcompile += sec
-            else:
-                jtimes.append(sec)
+            if run_jax:
+                loss, sec, drop = jt.timed_step(ids)
+                jl.append(loss)
+                dropped.append(drop)
+                if i < warmup:
+                    jcompile += sec
+                else:
+                    jtimes.append(sec)
             if tt is not None:
                 loss, sec = tt.timed_step(ids)
                 tl.append(loss)
@@ -187,26 +193,54 @@ def benchmark(config: ml_collections.ConfigDict, *, steps: int = 3, warmup: int 
                 else:
                     ttimes.append(sec)
             peaks.append(gemm.measure_gemm_peak(jnp.float32, size=gemm_size, warmup=1, trials=2))
-            log(f"train: step {i}{' (warm-up)' if i < warmup else ''}: zaya_jax {jl[-1]:.5f} "
-                f"{jtimes[-1] if i >= warmup else jcompile:.2f} s" +
+            log(f"train: step {i}{' (warm-up)' if i < warmup else ''}:" +
+                (f" zaya_jax {jl[-1]:.5f} {jtimes[-1] if i >= warmup else jcompile:.2f} s" if run_jax else "") +
                 (f" | transformers {tl[-1]:.5f} {ttimes[-1] if i >= warmup else tcompile:.2f} s" if tt else ""))
         peak = statistics.median(peaks)
-        notes = f"init {jt.init_s:.1f} s; mesh {dict(jt.mesh.shape)}; GEMM peak: median of {len(peaks)}"
-        row = _row("zaya_jax", optimizer, config, jtimes, jl, jcompile, peak, notes, float(np.max(dropped)))
         if tt is not None:
-            ref = _row("transformers", "adamw", config, ttimes, tl, tcompile, peak,
-                       f"{torch_ref.describe(tt)}; first step (untimed) {tcompile:.1f} s")
-            row["max_abs_loss_diff"] = ref["max_abs_loss_diff"] = max(abs(a - b) for a, b in zip(jl, tl))
-            rows.append(ref)
-        rows.append(row)
+            rows.append(_row("transformers", "adamw", config, ttimes, tl, tcompile, peak,
+                             f"{torch_ref.describe(tt)}; first step (untimed) {tcompile:.1f} s"))
+        if run_jax:
+            notes = f"init {jt.init_s:.1f} s; mesh {dict(jt.mesh.shape)}; GEMM peak: median of {len(peaks)}"
+            rows.append(_row("zaya_jax", optimizer, config, jtimes, jl, jcompile, peak, notes,
+                             float(np.max(dropped))))
         del jt, tt
     if reference and not ok:
         rows.append(dict(impl="transformers", notes=f"not run: {why}"))
-    ref_tps = next((r["tokens_per_s"] for r in rows if r["impl"] == "transformers" and "tokens_per_s" in r), None)
+    return compare(rows)
+
+
+def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fill `ratio_vs_transformers` (tokens/s ÷ the reference's) and `max_abs_loss_diff` (vs the reference's
+    losses, step by step) in place; returns `rows`."""
+    ref = next((r for r in rows if r["impl"] == "transformers" and "tokens_per_s" in r), None)
     for r in rows:
         if "tokens_per_s" in r:
-            r["ratio_vs_transformers"] = common.ratio(r["tokens_per_s"], ref_tps) if ref_tps else float("nan")
+            r["ratio_vs_transformers"] = common.ratio(r["tokens_per_s"], ref["tokens_per_s"]) if ref else float("nan")
+        if ref is not None and r["impl"] == "zaya_jax" and r["optimizer"] == "adamw":
+            diff = max(abs(a - b) for a, b in zip(r["_losses"], ref["_losses"]))
+            r["max_abs_loss_diff"] = ref["max_abs_loss_diff"] = diff
     return rows
+
+
+def pool_rounds(config: ml_collections.ConfigDict, rounds: Sequence[Sequence[dict[str, Any]]]
+                ) -> list[dict[str, Any]]:
+    """Rows of several runs (e.g. each side in its own process, alternating) → one row per (impl,
+    optimizer) with all timed steps pooled (median over every step), GEMM peak = median of the runs'."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for rows in rounds:
+        for r in rows:
+            if "_times" in r:
+                groups.setdefault((r["impl"], r["optimizer"]), []).append(r)
+    pooled = []
+    for (impl, optimizer), runs in groups.items():
+        times = [t for r in runs for t in r["_times"]]
+        peak = statistics.median(r["gemm_peak_gflops"] for r in runs) * 1e9
+        notes = f"{len(runs)} separate runs pooled; first: {runs[0]['notes']}"
+        dropped = max(float(r["dropped_fraction"]) for r in runs)
+        pooled.append(_row(impl, optimizer, config, times, runs[0]["_losses"], runs[0]["compile_s"], peak, notes,
+                           dropped))
+    return compare(pooled)
 
 
 def markdown(rows: Sequence[dict[str, Any]], config: ml_collections.ConfigDict, extra: Sequence[str] = ()) -> list:
@@ -226,18 +260,20 @@ def markdown(rows: Sequence[dict[str, Any]], config: ml_collections.ConfigDict, 
 
 
 def run(out_dir: str, config: ml_collections.ConfigDict, *, command: str | None = None,
-        extra_rows: Sequence[dict[str, Any]] = (), extra_notes: Sequence[str] = (), **kwargs: Any
-        ) -> list[dict[str, Any]]:
-    """`benchmark(config, **kwargs)`, print `ratio vs transformers`, write train.csv / train.md / machine json."""
+        extra_rows: Sequence[dict[str, Any]] = (), extra_notes: Sequence[str] = (),
+        rows: Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """`benchmark(config, **kwargs)` (or the given `rows`), print `ratio vs transformers`, write train.csv /
+    train.md / train_rows.json (rows with every step's time and loss, for `pool_rounds`)."""
     say = print if common.is_writer() else (lambda _m: None)
-    rows = benchmark(config, log=say, **kwargs) + list(extra_rows)
+    rows = list(benchmark(config, log=say, **kwargs) if rows is None else rows) + list(extra_rows)
     common.print_table(rows, ["impl", "optimizer", "dispatch", "step_s_median", "tokens_per_s",
                               "ratio_vs_transformers", "mfu", "loss_first", "max_abs_loss_diff"])
     for r in rows:
-        if r["impl"] == "zaya_jax":
+        if r["impl"] == "zaya_jax" and is_finite_positive(r.get("ratio_vs_transformers")):
             say(f"{r['optimizer']}: ratio vs transformers: {r['ratio_vs_transformers']:.2f}x; MFU {r['mfu']:.1%}")
     if common.is_writer():
         common.write_csv(os.path.join(out_dir, "train.csv"), rows, COLUMNS)
+        common.write_json(os.path.join(out_dir, "train_rows.json"), rows)
         common.write_markdown(os.path.join(out_dir, "train.md"), "Training throughput vs transformers",
                               markdown(rows, config, extra_notes), command=command)
         say(f"wrote {out_dir}/train.csv, train.md")
