@@ -257,3 +257,19 @@ def test_profile_hook_writes_trace(tmp_path):
     assert any(name.endswith(".xplane.pb") for _, _, files in os.walk(tmp_path / "prof") for name in files)
     with pytest.raises(ValueError, match="start"):
         ProfileHook(str(tmp_path), start=0, stop=1)
+
+
+def test_maxtext_matched_config_has_maxtext_active_flops():
+    """The ZAYA1 we time against MaxText does the same work per token (within the CCA/router extras)."""
+    from zaya_jax.bench import maxtext, train
+    from zaya_jax.model.flops import train_flops_per_token
+
+    s = maxtext.SETTINGS
+    # Mixtral-style layer by hand: q/k/v/o projections, top-2 SwiGLU experts, router; untied head; attention
+    layer = 256 * 256 + 2 * 256 * 128 + 256 * 256 + 2 * 3 * 256 * 512 + 256 * 8
+    assert maxtext.flops_per_token() == 6 * (4 * layer + 1024 * 256) + 6 * 4 * 4 * 64 * 256
+    matched = maxtext.matched_config(train.bench_config(_tiny_config()))
+    ours = train_flops_per_token(matched.model, matched.train.seq_len)
+    assert abs(ours / maxtext.flops_per_token() - 1) < 0.1
+    assert matched.train.global_batch_size * matched.train.seq_len == (
+        s["per_device_batch_size"] * s["max_target_length"])

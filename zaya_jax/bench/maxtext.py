@@ -20,8 +20,34 @@ SETTINGS = dict(decoder_block="mixtral", base_emb_dim=256, base_num_decoder_laye
                 base_moe_mlp_dim=512, num_experts=8, num_experts_per_tok=2, base_num_query_heads=4,
                 base_num_kv_heads=2, head_dim=64, vocab_size=1024, max_target_length=256, per_device_batch_size=4,
                 steps=10, enable_checkpointing="false", attention="dot_product", log_period=1, megablox="false",
-                sparse_matmul="true", dataset_type="synthetic", hardware="cpu", skip_jax_distributed_system="true")
+                sparse_matmul="true", dataset_type="synthetic", hardware="cpu", skip_jax_distributed_system="true",
+                dtype="float32")
 SKIP_STEPS = 3
+# our model at the same active FLOPs per token: top-1 of one 1024-wide expert = top-2 of 512-wide ones
+MATCHED_ZAYA = dict(hidden_size=256, num_layers=4, num_q_heads=4, num_kv_heads=2, head_dim=64, num_experts=8,
+                    moe_intermediate_size=1024, router_hidden_size=64, vocab_size=1024, max_position_embeddings=256)
+
+
+def flops_per_token() -> float:
+    """Analytic training FLOPs per token of the MaxText run, counted like `zaya_jax.model.flops`:
+    6 · (attention projections + top-k SwiGLU experts + router + untied head) + causal attention."""
+    s = SETTINGS
+    d, hd, nq, nkv = s["base_emb_dim"], s["head_dim"], s["base_num_query_heads"], s["base_num_kv_heads"]
+    attn = d * nq * hd + 2 * d * nkv * hd + nq * hd * d
+    experts = 3 * d * s["base_moe_mlp_dim"] * s["num_experts_per_tok"]
+    per_layer = attn + experts + d * s["num_experts"]
+    params = s["base_num_decoder_layers"] * per_layer + s["vocab_size"] * d
+    return 6.0 * params + 6 * s["base_num_decoder_layers"] * nq * hd * s["max_target_length"]
+
+
+def matched_config(config):
+    """A copy of a bench config (`train.bench_config`) resized to MATCHED_ZAYA, batch 4 × 256 like MaxText's."""
+    import ml_collections
+
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.model.update(MATCHED_ZAYA)
+    c.train.global_batch_size, c.train.seq_len = SETTINGS["per_device_batch_size"], SETTINGS["max_target_length"]
+    return c
 
 
 def _package_dir(python: str) -> str:
@@ -34,7 +60,7 @@ def _package_dir(python: str) -> str:
 
 def row(python: str | None, timeout_s: int = 900) -> dict[str, Any]:
     """A train-suite row for MaxText (impl="maxtext"), or a row whose `notes` say why it was not run."""
-    base = dict(impl="maxtext", optimizer="adamw", dispatch="sparse_matmul (ragged)", dtype="bfloat16")
+    base = dict(impl="maxtext", optimizer="adamw", dispatch="sparse_matmul (ragged)", dtype=SETTINGS["dtype"])
     if not python:
         return dict(base, notes="not run: MaxText needs Python >= 3.12 and its own venv; pass "
                                 "--maxtext_python=<venv>/bin/python (install: peers.md)")
@@ -62,6 +88,7 @@ def row(python: str | None, timeout_s: int = 900) -> dict[str, Any]:
     med = statistics.median(secs)
     return dict(base, batch=SETTINGS["per_device_batch_size"], seq=SETTINGS["max_target_length"],
                 tokens_per_step=tokens, steps=len(secs), step_s_median=med, step_s_min=min(secs),
-                tokens_per_s=tokens / med,
-                notes="different model: Mixtral-style decoder, hidden 256, 4 layers, 8 experts top-2, vocab 1024 "
-                      "(MaxText has no CCA/ZAYA1 block); tokens/s not comparable 1:1 with the rows above")
+                tokens_per_s=tokens / med, flops_per_token=flops_per_token(),
+                model_gflops_per_s=tokens / med * flops_per_token() / 1e9,
+                notes="Mixtral-style decoder, hidden 256, 4 layers, 8 experts top-2 of 512, vocab 1024 (MaxText "
+                      "has no CCA/ZAYA1 block); compare with the 'zaya_jax (MaxText-matched)' row")
