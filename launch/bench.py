@@ -129,7 +129,7 @@ def _run_train(f: flags.FlagValues) -> None:
         mt = maxtext.row(f.maxtext_python)
         extra_rows.append(mt)
         if "tokens_per_s" in mt:
-            extra_rows.append(_maxtext_matched_row(config, mt, f.trials or 3))
+            extra_rows.append(maxtext.matched_row(config, mt, steps=f.trials or 3))
     rows = None
     if f.separate_runs:
         rows = train.pool_rounds(config, _separate_train_runs(f))
@@ -140,23 +140,6 @@ def _run_train(f: flags.FlagValues) -> None:
               optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),
               reference=f.reference, gemm_size=256 if f.quick else 1024, extra_rows=extra_rows,
               extra_notes=notes, rows=rows, sides=[f.train_side] if f.train_side else train.SIDES)
-
-
-def _maxtext_matched_row(config, mt: dict, steps: int) -> dict:
-    """Our step on a ZAYA1 with MaxText's active FLOPs per token and batch, alone in this process."""
-    from zaya_jax.bench import maxtext, train
-
-    matched = maxtext.matched_config(config)
-    row = next(r for r in train.benchmark(matched, steps=steps, optimizers=("adamw",), reference=False)
-               if r["impl"] == "zaya_jax")
-    ratio = row["tokens_per_s"] / mt["tokens_per_s"]
-    flop_ratio = row["model_gflops_per_s"] / mt["model_gflops_per_s"]
-    row.update(impl="zaya_jax (MaxText-matched)", ratio_vs_transformers=float("nan"),
-               notes=f"ratio vs MaxText: {ratio:.2f}x tokens/s, {flop_ratio:.2f}x model FLOP/s "
-                     f"({row['flops_per_token'] / 1e6:.1f} vs {mt['flops_per_token'] / 1e6:.1f} MFLOP/token); "
-                     + ", ".join(f"{k} {v}" for k, v in maxtext.MATCHED_ZAYA.items()))
-    print(f"train: ratio vs MaxText: {ratio:.2f}x tokens/s ({flop_ratio:.2f}x model FLOP/s)", flush=True)
-    return row
 
 
 def _separate_train_runs(f: flags.FlagValues) -> list[list[dict]]:

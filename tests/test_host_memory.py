@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from launch.cpu_devices import running_a_launcher
 from zaya_jax import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,4 +81,4 @@ def test_launcher_restarts_itself_once_with_the_tunable():
     expect = host_memory.huge_pages_active(host_memory.huge_page_env(_clean_env()))
     assert (host_memory.TUNABLE in out) == expect, out
     assert "--xla_force_host_platform_device_count=2" in out
-    assert not __import__("launch.cpu_devices", fromlist=["x"]).running_a_launcher(), "pytest is not a launcher"
+    assert not running_a_launcher(), "pytest is not a launcher"

@@ -50,6 +50,23 @@ def matched_config(config):
     return c
 
 
+def matched_row(config, mt: dict[str, Any], steps: int = 3) -> dict[str, Any]:
+    """Our step on `matched_config(config)`, alone in this process, as a row compared with MaxText's row `mt`
+    (impl "zaya_jax (MaxText-matched)"; the ratios vs MaxText are printed and put in its notes)."""
+    from zaya_jax.bench import train
+
+    row = next(r for r in train.benchmark(matched_config(config), steps=steps, optimizers=("adamw",),
+                                          reference=False) if r["impl"] == "zaya_jax")
+    ratio = row["tokens_per_s"] / mt["tokens_per_s"]
+    flop_ratio = row["model_gflops_per_s"] / mt["model_gflops_per_s"]
+    row.update(impl="zaya_jax (MaxText-matched)", ratio_vs_transformers=float("nan"),
+               notes=f"ratio vs MaxText: {ratio:.2f}x tokens/s, {flop_ratio:.2f}x model FLOP/s "
+                     f"({row['flops_per_token'] / 1e6:.1f} vs {mt['flops_per_token'] / 1e6:.1f} MFLOP/token); "
+                     + ", ".join(f"{k} {v}" for k, v in MATCHED_ZAYA.items()))
+    print(f"train: ratio vs MaxText: {ratio:.2f}x tokens/s ({flop_ratio:.2f}x model FLOP/s)", flush=True)
+    return row
+
+
 def _package_dir(python: str) -> str:
     out = subprocess.run([python, "-c", "import maxtext, os; print(os.path.dirname(maxtext.__file__))"],
                          capture_output=True, text=True, timeout=120)
