@@ -61,7 +61,7 @@ def mean_loss_and_grads(config, devices, batch: dict[str, np.ndarray]):
     @jax.jit
     def fn(params, biases, batch):
         sums, grads, counts, dropped = loss_and_grads(graphdef, params, biases, batch, config)
-        return sums.ce / sums.tokens, grads, counts, dropped
+        return sums.ce / sums.tokens, jax.tree.map(lambda g: g / sums.tokens, grads), counts, dropped
 
     with jax.set_mesh(mesh):
         batch = {k: jax.device_put(v, batch_sh) for k, v in batch.items()}

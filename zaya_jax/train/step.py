@@ -1,11 +1,9 @@
 """The sharded train step: loss + gradients over micro-batches, optimizer update, balancing update.
 
 `make_train_step` returns a function `step(state, batch) -> (state, metrics)` jitted with explicit
-in/out shardings and the state donated. The loss is a token mean over the *global* batch: every
-micro-batch's summed objective is divided by the global token count n = max(Σ loss_mask, 1) (known from
-the batch before the forward pass) and the gradients are summed, so the result does not depend on the
-micro-batch split or the mesh (up to float reduction order). Dividing the scalar before differentiating
-gives mean gradients without a separate pass over the gradient tree (≈ 2% of a CPU step at 100M).
+in/out shardings and the state donated. The loss is a token mean over the *global* batch: summed
+cross-entropies and token counts are accumulated over micro-batches and divided once, so the result
+does not depend on the micro-batch split or the mesh (up to float reduction order).
 """
 
 from __future__ import annotations
@@ -36,18 +34,15 @@ def _micro_split(batch: dict, microbatches: int) -> dict:
 
 
 def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections.ConfigDict):
-    """Per-token mean objective gradients over micro-batches (normalised by the global token count).
-
-    Returns (LossSums of the whole batch, grads (param dtypes), expert counts [L, E+1], dropped [L])."""
+    """Summed objective gradients over micro-batches. Returns (LossSums, grads (unnormalised), counts, dropped)."""
     z_loss = config.train.z_loss
-    n = jnp.maximum(jnp.sum(batch["loss_mask"].astype(jnp.float32)), 1.0)
 
     def micro_loss(p, mb):
         model = nnx.merge(graphdef, p, biases)
         out = model.forward(sharding.constrain_batch(mb["input_ids"]),
                             context_layout=config.mesh.get("context_layout", "contiguous"))
         sums = lm_loss_sums(out.logits, mb["labels"], mb["loss_mask"])
-        return objective(sums, z_loss) / n, (sums, out.stats)
+        return objective(sums, z_loss), (sums, out.stats)
 
     grad_fn = jax.grad(micro_loss, has_aux=True)
     if config.train.microbatches == 1:
@@ -66,7 +61,7 @@ def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections
     init = (zeros, LossSums(*(jnp.zeros((), jnp.float32),) * 3),
             jnp.zeros((m.num_layers, m.num_experts + 1), jnp.int32), jnp.zeros((m.num_layers,), jnp.int32))
     (grads, sums, counts, dropped), _ = jax.lax.scan(body, init, _micro_split(batch, config.train.microbatches))
-    return sums, jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params), counts, dropped
+    return sums, grads, counts, dropped
 
 
 def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTransformation,
@@ -74,6 +69,7 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     """One optimizer step on the global batch. Returns (new state, metrics dict of scalars / [L] arrays)."""
     sums, grads, counts, dropped = loss_and_grads(graphdef, state.params, state.biases, batch, config)
     n = jnp.maximum(sums.tokens, 1.0)
+    grads = jax.tree.map(lambda g, p: (g / n).astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     biases, bal_state = state.biases, state.balancing
