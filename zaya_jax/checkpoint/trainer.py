@@ -34,6 +34,10 @@ from zaya_jax.checkpoint.guard import LossGuard
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
 
 
+def _identity(x):
+    return x
+
+
 def checkpoint_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
     return os.path.abspath(os.path.expanduser(config.checkpoint.dir or os.path.join(workdir, "checkpoints")))
 
@@ -62,6 +66,7 @@ class TrainCheckpointer:
         self._signal_received = False  # multi-process: acted on only at a step all processes agree on
         self._stop_sync_every = int(c.preemption_sync_every)
         self._target = self._shardings = None
+        self._encode = self._decode = _identity  # run state <-> checkpointed state (see restore_or_keep)
         self._pending: tuple[int, Any] | None = None
         self._last_saved: int | None = None
         self._rollbacks: collections.Counter = collections.Counter()
@@ -105,12 +110,20 @@ class TrainCheckpointer:
                 "process_count": jax.process_count(),
                 "rollbacks": {str(k): v for k, v in self._rollbacks.items()}}
 
-    def restore_or_keep(self, state: Any, shardings: Any, train_iter: Any = None) -> Any:
-        """The newest readable committed checkpoint restored onto `shardings`' mesh, else `state` unchanged."""
+    def restore_or_keep(self, state: Any, shardings: Any, train_iter: Any = None, codec: Any = None) -> Any:
+        """The newest readable committed checkpoint restored onto `shardings`' mesh, else `state` unchanged.
+
+        codec: how the run's state maps to what checkpoints hold (`zaya_jax.train.setup.Training`: its
+        `checkpoint_target`, `to_checkpoint`, `from_checkpoint`); None = the state itself is saved.
+        """
         self._shardings = shardings
-        self._target = abstract_target(state, shardings)
+        if codec is not None:
+            self._encode, self._decode, self._target = codec.to_checkpoint, codec.from_checkpoint, \
+                codec.checkpoint_target
+        else:
+            self._target = abstract_target(state, shardings)
         self.heartbeat.beat(int(state.step), "start")
-        self.ckpt._check_space(tree_nbytes(state))
+        self.ckpt._check_space(tree_nbytes(self._target))
         self.ckpt.cleanup_uncommitted()
         self.events.write("start", checkpoint_dir=self.ckpt.directory, devices=jax.device_count(),
                           mesh={k: int(v) for k, v in jax.tree.leaves(shardings)[0].mesh.shape.items()},
@@ -121,6 +134,7 @@ class TrainCheckpointer:
         for step in reversed(self.ckpt.committed_steps()):
             try:
                 restored, meta = self.ckpt.restore(step, self._target)
+                restored = self._decode(restored)
             except CorruptCheckpointError as err:
                 dest = self.ckpt.quarantine(step)
                 quarantined.append(dest)
@@ -216,6 +230,7 @@ class TrainCheckpointer:
             raise CheckpointError(f"step {bad_step}: {reason}; already rolled back to step {target} "
                                   f"{self.max_rollbacks} times (checkpoint.max_rollbacks), giving up")
         restored, _ = self.ckpt.restore(target, self._target)
+        restored = self._decode(restored)
         self.guard.rewind(target)
         data = train_iter.get_state() if train_iter is not None else None
         self.events.write("rollback", bad_step=bad_step, reason=reason, to_step=target,
@@ -227,7 +242,7 @@ class TrainCheckpointer:
     def _save(self, step: int, state: Any, train_iter: Any, *, wait: bool = False) -> None:
         if self._last_saved == step:
             return
-        info = self.ckpt.save(step, state, self._meta(train_iter), wait=wait)
+        info = self.ckpt.save(step, self._encode(state), self._meta(train_iter), wait=wait)
         self._last_saved = step
         self.events.write("save", **info)
         if fault := self.faults.due("sigkill_during_save", step):

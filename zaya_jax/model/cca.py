@@ -27,16 +27,17 @@ def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Arra
 
     c_padded: [B, S + halo, C] (halo = zeros for a sequence start, or the previous raw q‖k vectors);
     w1: [k0, C] depthwise taps (tap 0 = oldest); b1: [C]; w2: [k1, G_c, d, d] grouped taps, G_c = C / d;
-    b2: [C]. Returns z: [B, S, C]. Padding once (not per conv) keeps y_{-1} = b1, as the reference does.
+    b2: [C]. Returns z: [B, S, C] fp32 (the grouped conv accumulates in fp32). Padding once (not per conv) keeps y_{-1} = b1, as the reference does.
     """
     k0, k1 = w1.shape[0], w2.shape[0]
     n_groups, d = w2.shape[1], w2.shape[2]
+    dt = c_padded.dtype
     len_y = c_padded.shape[1] - k0 + 1
     y = b1 + sum(c_padded[:, tau:tau + len_y] * w1[tau] for tau in range(k0))  # [B, S + k1 - 1, C]
     seq = len_y - k1 + 1
     y = y.reshape(*y.shape[:2], n_groups, d)
-    z = sum(jnp.einsum("btgi,gio->btgo", y[:, tau:tau + seq], w2[tau]) for tau in range(k1))
-    return z.reshape(*z.shape[:2], n_groups * d) + b2
+    z = sum(layers.einsum("btgi,gio->btgo", y[:, tau:tau + seq], w2[tau], dt) for tau in range(k1))
+    return z.reshape(*z.shape[:2], n_groups * d) + b2.astype(jnp.float32)
 
 
 def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
@@ -47,7 +48,8 @@ def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
 
 
 def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array = 0) -> jax.Array:
-    """Grouped-query causal softmax attention in fp32 logits (§5h).
+    """Grouped-query causal softmax attention (§5h): QKᵀ and PV take `dtype` operands and accumulate in fp32;
+    logits and softmax are fp32.
 
     q: [B, Sq, n_q, d] fp32, k: [B, Sk, n_kv, d] fp32, v: [B, Sk, n_kv, d]; query i sits at absolute
     position q_offset + i and key j at position j. Returns [B, Sq, n_q, d] in `dtype`.
@@ -55,13 +57,13 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: 
     b, sq, n_q, d = q.shape
     n_kv = k.shape[2]
     qg = q.reshape(b, sq, n_kv, n_q // n_kv, d)
-    logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k.astype(jnp.float32)) / math.sqrt(d)
+    logits = layers.einsum("bqkgd,bskd->bkgqs", qg, k, dtype) / math.sqrt(d)
     q_pos = q_offset + jnp.arange(sq)[:, None]
     mask = jnp.arange(k.shape[1])[None, :] <= q_pos
     logits = jnp.where(mask, logits, -jnp.inf)
-    probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-    out = jnp.einsum("bkgqs,bskd->bqkgd", probs, v.astype(dtype))
-    return out.reshape(b, sq, n_q, d)
+    probs = jax.nn.softmax(logits, axis=-1)
+    out = layers.einsum("bkgqs,bskd->bqkgd", probs, v, dtype)
+    return out.reshape(b, sq, n_q, d).astype(dtype)
 
 
 class CCA(nnx.Module):
@@ -73,29 +75,31 @@ class CCA(nnx.Module):
         h, d, nq, nkv = m.hidden_size, m.head_dim, m.num_q_heads, m.num_kv_heads
         c = (nq + nkv) * d
         self.cfg = m
-        self.wq = layers.normal_param(rngs, (h, nq * d), std, pd)
-        self.wk = layers.normal_param(rngs, (h, nkv * d), std, pd)
-        self.wv_cur = layers.normal_param(rngs, (h, nkv * d // 2), std, pd)
-        self.wv_del = layers.normal_param(rngs, (h, nkv * d // 2), std, pd)
-        self.conv1_w = layers.normal_param(rngs, (m.cca_time0, c), std, pd)
-        self.conv1_b = layers.const_param((c,), 0.0, pd)
-        self.conv2_w = layers.normal_param(rngs, (m.cca_time1, nq + nkv, d, d), std, pd)
-        self.conv2_b = layers.const_param((c,), 0.0, pd)
-        self.temp = layers.const_param((nkv,), m.temp_init, pd)
-        self.wo = layers.normal_param(rngs, (nq * d, h), std, pd)
+        self.wq = layers.normal_param(rngs, (h, nq * d), std, pd, ("embed", "q_heads"))
+        self.wk = layers.normal_param(rngs, (h, nkv * d), std, pd, ("embed", "kv_heads"))
+        self.wv_cur = layers.normal_param(rngs, (h, nkv * d // 2), std, pd, ("embed", "kv_half"))
+        self.wv_del = layers.normal_param(rngs, (h, nkv * d // 2), std, pd, ("embed", "kv_half"))
+        self.conv1_w = layers.normal_param(rngs, (m.cca_time0, c), std, pd, ("conv_taps", "qk"))
+        self.conv1_b = layers.const_param((c,), 0.0, pd, ("qk",))
+        self.conv2_w = layers.normal_param(rngs, (m.cca_time1, nq + nkv, d, d), std, pd,
+                                            ("conv_taps", "qk_groups", "head_in", "head_out"))
+        self.conv2_b = layers.const_param((c,), 0.0, pd, ("qk",))
+        self.temp = layers.const_param((nkv,), m.temp_init, pd, ("kv_groups",))
+        self.wo = layers.normal_param(rngs, (nq * d, h), std, pd, ("q_heads", "embed"))
 
     def packed_qk(self, x: jax.Array) -> jax.Array:
         """Raw packed latent q‖k (§5a, c): x [B, S, H] → c [B, S, C] in the compute dtype (the conv input)."""
         dt = layers.dtype_of(self.cfg.dtype)
-        return jnp.concatenate([x @ self.wq[...].astype(dt), x @ self.wk[...].astype(dt)], axis=-1)
+        return jnp.concatenate([layers.mm(x, self.wq[...], dt), layers.mm(x, self.wk[...], dt)], axis=-1).astype(dt)
 
     def project(self, x: jax.Array, qk_halo: jax.Array | None = None, x_prev: jax.Array | None = None):
         """q, k, v of §5a–e for normed input x: [B, S, H].
 
         qk_halo: [B, halo, C] raw packed q‖k of the preceding tokens (zeros at a sequence start);
         x_prev: [B, 1, H] normed input of the token before x[:, 0] (zeros at a sequence start).
-        Returns q [B, S, n_q, d], k [B, S, n_kv, d], v [B, S, n_kv, d] (compute dtype) and the raw
-        packed c [B, S, C] (callers that cache or exchange halos need it).
+        Returns q [B, S, n_q, d], k [B, S, n_kv, d] (fp32: the grouped conv accumulates in fp32),
+        v [B, S, n_kv, d] (compute dtype) and the raw packed c [B, S, C] in the compute dtype (callers that
+        cache or exchange halos need it).
         """
         m, dt = self.cfg, layers.dtype_of(self.cfg.dtype)
         b, s, _ = x.shape
@@ -116,7 +120,8 @@ class CCA(nnx.Module):
         if x_prev is None:
             x_prev = jnp.zeros((b, 1, x.shape[-1]), x.dtype)
         x_shift = jnp.concatenate([x_prev.astype(x.dtype), x[:, :-1]], axis=1)
-        v = jnp.concatenate([x @ p(self.wv_cur), x_shift @ p(self.wv_del)], axis=-1).reshape(b, s, nkv, d)
+        v = jnp.concatenate([layers.mm(x, self.wv_cur[...], dt), layers.mm(x_shift, self.wv_del[...], dt)], axis=-1)
+        v = v.astype(dt).reshape(b, s, nkv, d)
         return q, k, v, c
 
     def normalize_and_rotate(self, q: jax.Array, k: jax.Array, positions: jax.Array):
@@ -129,9 +134,8 @@ class CCA(nnx.Module):
         return layers.apply_partial_rope(qn, cos, sin), layers.apply_partial_rope(kn, cos, sin)
 
     def output(self, o: jax.Array) -> jax.Array:
-        """o: [B, S, n_q, d] → [B, S, H] through W_o (§5i)."""
-        dt = layers.dtype_of(self.cfg.dtype)
-        return o.reshape(*o.shape[:2], -1).astype(dt) @ self.wo[...].astype(dt)
+        """o: [B, S, n_q, d] → [B, S, H] fp32 through W_o (§5i; fp32 accumulation feeds the fp32 residual)."""
+        return layers.mm(o.reshape(*o.shape[:2], -1), self.wo[...], layers.dtype_of(self.cfg.dtype))
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """Full-sequence causal CCA. x: [B, S, H] normed input, positions: [B|1, S] → [B, S, H]."""

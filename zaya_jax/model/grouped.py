@@ -39,11 +39,16 @@ def _silu_parts(g: jax.Array) -> tuple[jax.Array, jax.Array]:
     return g * s, s
 
 
+def _mm(a: jax.Array, b: jax.Array, dt) -> jax.Array:
+    """a @ b with `dt` operands and fp32 accumulation."""
+    return jnp.matmul(a.astype(dt), b.astype(dt), preferred_element_type=jnp.float32)
+
+
 def _forward(xs, starts, sizes, w_in, w_out):
-    """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H], gate_up [Tp, 2I])."""
-    h, two_i = w_in.shape[1], w_in.shape[2]
-    ys = jnp.zeros_like(xs)
-    gu_all = jnp.zeros((xs.shape[0], two_i), xs.dtype)
+    """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H] fp32, gate_up [Tp, 2I] in xs.dtype)."""
+    h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
+    ys = jnp.zeros(xs.shape, jnp.float32)
+    gu_all = jnp.zeros((xs.shape[0], two_i), dt)
 
     def expert(e, carry):
         wi, wo, start, n = w_in[e], w_out[e], starts[e], sizes[e]
@@ -52,9 +57,9 @@ def _forward(xs, starts, sizes, w_in, w_out):
                 ys, gu_all = c
                 row = offset + j * size
                 x = jax.lax.dynamic_slice(xs, (start + row, 0), (size, h))
-                gu = x @ wi
+                gu = _mm(x, wi, dt)
                 g, u = jnp.split(gu, 2, axis=-1)
-                y = (_silu_parts(g)[0] * u) @ wo
+                y = _mm(_silu_parts(g)[0] * u, wo, dt)
                 valid = (row + jnp.arange(size) < n)[:, None]
                 ys = jax.lax.dynamic_update_slice(ys, jnp.where(valid, y, 0).astype(ys.dtype), (start + row, 0))
                 return ys, jax.lax.dynamic_update_slice(gu_all, gu.astype(gu_all.dtype), (start + row, 0))
@@ -71,7 +76,8 @@ def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax
 
     xs: [Tp, H] rows sorted by expert, with at least SMALL zero rows of padding after the last group;
     starts, sizes: [E] int32 (rows of expert e: [starts[e], starts[e] + sizes[e])); w_in: [E, H, 2I]
-    (gate | up); w_out: [E, I, H]. Returns ys [Tp, H]: expert outputs, 0 on rows of no group.
+    (gate | up); w_out: [E, I, H]. Returns ys [Tp, H] fp32: expert outputs, 0 on rows of no group. Operands
+    of every GEMM are in xs.dtype (the compute dtype), accumulation in fp32.
     """
     return _forward(xs, starts, sizes, w_in, w_out)[0]
 
@@ -83,7 +89,7 @@ def _fwd(xs, starts, sizes, w_in, w_out):
 
 def _bwd(res, dys):
     xs, gu_all, starts, sizes, w_in, w_out = res
-    h, two_i = w_in.shape[1], w_in.shape[2]
+    h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
 
     def expert(dxs, per_expert):
         wi, wo, start, n = per_expert
@@ -95,14 +101,15 @@ def _bwd(res, dys):
                 at = (start + row, 0)
                 valid = (row + jnp.arange(size) < n)[:, None]
                 x = jax.lax.dynamic_slice(xs, at, (size, h))
-                g, u = jnp.split(jax.lax.dynamic_slice(gu_all, at, (size, two_i)), 2, axis=-1)
+                gu = jax.lax.dynamic_slice(gu_all, at, (size, two_i)).astype(jnp.float32)
+                g, u = jnp.split(gu, 2, axis=-1)
                 dy = jnp.where(valid, jax.lax.dynamic_slice(dys, at, (size, h)), 0)
                 act, sig = _silu_parts(g)
-                acc_out = acc_out + ((act * u).T @ dy).astype(jnp.float32)
-                da = dy @ wo.T
+                acc_out = acc_out + _mm((act * u).T, dy, dt)
+                da = _mm(dy, wo.T, dt)
                 dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
-                acc_in = acc_in + (x.T @ dgu).astype(jnp.float32)
-                dxs = jax.lax.dynamic_update_slice(dxs, (dgu @ wi.T).astype(dxs.dtype), at)
+                acc_in = acc_in + _mm(x.T, dgu, dt)
+                dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi.T, dt).astype(dxs.dtype), at)
                 return dxs, acc_in, acc_out
             acc = jax.lax.fori_loop(0, count, chunk, acc)
         dxs, acc_in, acc_out = acc
@@ -117,7 +124,7 @@ grouped_swiglu.defvjp(_fwd, _bwd)
 
 def grouped_local(x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Array, w_out: jax.Array
                   ) -> jax.Array:
-    """x [T, H], choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] (0 for skip tokens)."""
+    """x [T, H], choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] fp32 (0 for skip tokens)."""
     t, h = x.shape
     num_experts = w_in.shape[0]
     order = jnp.argsort(choice, stable=True)  # skip tokens sort last
@@ -126,4 +133,4 @@ def grouped_local(x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Ar
     xs = jnp.concatenate([x[order], jnp.zeros((SMALL, h), x.dtype)], axis=0)
     ys = grouped_swiglu(xs, starts, sizes, w_in, w_out)[:t]
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t, dtype=order.dtype))
-    return ys[inverse] * gate[:, None].astype(x.dtype)
+    return ys[inverse] * gate[:, None]

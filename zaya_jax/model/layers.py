@@ -22,12 +22,35 @@ def dtype_of(name: str) -> jnp.dtype:
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
-def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float, dtype) -> nnx.Param:
-    return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype=jnp.float32).astype(dtype))
+def param(value: jax.Array, axes: tuple[str, ...]) -> nnx.Param:
+    """A parameter carrying its logical axis names (one per dim, e.g. ("experts", "embed", "mlp")).
+
+    The names are metadata only (`nnx.get_partition_spec` reads them back); `zaya_jax.parallel.sharding`
+    maps them to mesh axes with one rules table. No sharding is applied at creation (models are built
+    outside any mesh too: tests, conversion, inference).
+    """
+    if len(axes) != value.ndim:
+        raise ValueError(f"logical axes {axes} do not match a parameter of shape {value.shape}")
+    return nnx.Param(value, out_sharding=tuple(axes), eager_sharding=False)
 
 
-def const_param(shape: tuple[int, ...], value: float, dtype) -> nnx.Param:
-    return nnx.Param(jnp.full(shape, value, dtype=dtype))
+def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float, dtype, axes: tuple[str, ...]) -> nnx.Param:
+    return param(std * jax.random.normal(rngs.params(), shape, dtype=jnp.float32).astype(dtype), axes)
+
+
+def const_param(shape: tuple[int, ...], value: float, dtype, axes: tuple[str, ...]) -> nnx.Param:
+    return param(jnp.full(shape, value, dtype=dtype), axes)
+
+
+def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
+    """`x @ w` with both operands in the compute dtype and fp32 accumulation (the hardware's mixed-precision
+    GEMM, §9): x [..., K], w [K, N] → [..., N] fp32. Callers cast the result when they need `dtype`."""
+    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`jnp.einsum(spec, a, b)` with compute-dtype operands and fp32 accumulation (fp32 result)."""
+    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, dtype) -> jax.Array:
@@ -41,7 +64,7 @@ class RMSNorm(nnx.Module):
     """RMSNorm with a learned scale, eps 1e-5 in ZAYA1 (§4)."""
 
     def __init__(self, dim: int, eps: float, *, param_dtype, dtype):
-        self.scale = const_param((dim,), 1.0, param_dtype)
+        self.scale = const_param((dim,), 1.0, param_dtype, ("embed",))
         self.eps = eps
         self.dtype = dtype
 
@@ -56,10 +79,10 @@ class Merge(nnx.Module):
     """
 
     def __init__(self, dim: int, *, param_dtype):
-        self.h_scale = const_param((dim,), 1.0, param_dtype)
-        self.h_bias = const_param((dim,), 0.0, param_dtype)
-        self.r_scale = const_param((dim,), 1.0, param_dtype)
-        self.r_bias = const_param((dim,), 0.0, param_dtype)
+        self.h_scale = const_param((dim,), 1.0, param_dtype, ("embed",))
+        self.h_bias = const_param((dim,), 0.0, param_dtype, ("embed",))
+        self.r_scale = const_param((dim,), 1.0, param_dtype, ("embed",))
+        self.r_bias = const_param((dim,), 0.0, param_dtype, ("embed",))
 
     def __call__(self, y: jax.Array, r: jax.Array) -> jax.Array:
         f32 = lambda v: v[...].astype(jnp.float32)  # noqa: E731

@@ -5,15 +5,19 @@ expert tokens it keeps, `g · out_{e*}(x)`; skip-slot tokens (choice == E) and d
 The skip-slot output (`scaled_input` → g·x, `zero` → 0) is added by `MoE` itself, so it is the same
 for every dispatch.
 
-* `dense`: one-hot reference, runs every expert on every token (E× the FLOPs; tests only).
-* `ragged`: dropless, sort by expert + `jax.lax.ragged_dot` (grouped GEMM on GPU; masked dense on CPU).
-* `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (fast on CPU; drops overflow).
-* `ep`: expert parallelism over the `expert` mesh axis with `all_to_all` (`zaya_jax.parallel.expert_parallel`).
-* `grouped`: dropless, sort by expert + per-expert loops of chunked GEMMs (`zaya_jax.model.grouped`): ≈ the
-  active FLOPs on CPU, exact; under a mesh each device sorts its own tokens (weights replicated).
-* `auto` (default): `ep` under an active data/context/expert mesh whose expert axis is > 1 (each device computes
-  only its tokens for its experts; under plain GSPMD the gather-based dispatches replicate expert work); on
-  CPU otherwise `grouped`; on accelerators otherwise `ep` under a mesh, else `ragged` (dropless, exact).
+* `dense`: reference, runs every expert on every token (E× the FLOPs; tests only).
+* `ragged`: dropless, per device: sort by expert + `jax.lax.ragged_dot` (grouped GEMM on GPU; a dense masked
+  dot on CPU).
+* `grouped`: dropless, per device: sort by expert + per-expert loops of chunked GEMMs (`zaya_jax.model.grouped`):
+  ≈ the active FLOPs on CPU, exact.
+* `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (drops overflow, counted).
+* `ep`: expert parallelism over the `expert` mesh axis with a fixed-capacity `all_to_all`
+  (`zaya_jax.parallel.expert_parallel`; drops overflow, counted).
+* `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise dropless per device:
+  `grouped` on CPU, `ragged` on accelerators. It never drops a token unless the layout splits experts.
+
+Every matmul takes compute-dtype operands and accumulates in fp32; dispatch outputs are fp32 (they feed
+the fp32 residual stream, §9).
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from flax import nnx
 from zaya_jax.model import layers
 from zaya_jax.model.router import Router
 from zaya_jax.parallel import sharding
+from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 
 
 class DispatchResult(NamedTuple):
-    out: jax.Array  # [T, H] gate-weighted expert output (0 for skip / dropped tokens)
+    out: jax.Array  # [T, H] fp32 gate-weighted expert output (0 for skip / dropped tokens)
     dropped: jax.Array  # [] int32 number of expert tokens dropped by a capacity limit
 
 
@@ -41,33 +46,44 @@ Dispatch = Callable[..., DispatchResult]
 
 
 def swiglu(x: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
-    """Batched expert MLP. x: [E, C, H], w_in: [E, H, 2I] (gate | up), w_out: [E, I, H] → [E, C, H]."""
-    gate_up = jnp.einsum("ech,ehf->ecf", x, w_in)
+    """Batched expert MLP, operands in x's dtype, fp32 accumulation.
+
+    x: [E, C, H], w_in: [E, H, 2I] (gate | up), w_out: [E, I, H] → [E, C, H] fp32.
+    """
+    dt = x.dtype
+    gate_up = layers.einsum("ech,ehf->ecf", x, w_in, dt)
     gate, up = jnp.split(gate_up, 2, axis=-1)
-    return jnp.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out)
+    return layers.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out, dt)
+
+
+def gated(y: jax.Array, choice: jax.Array, gate: jax.Array, num_experts: int) -> jax.Array:
+    """g · y for expert tokens, 0 for skip tokens. y: [T, H], choice/gate: [T] → [T, H] fp32."""
+    return jnp.where((choice < num_experts)[:, None], y.astype(jnp.float32) * gate[:, None], 0.0)
 
 
 def dense_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-    """Reference: all experts on all tokens, combined with one-hot(choice) · g."""
+    """Reference: all experts on all tokens, then each token takes its expert's row."""
     num_experts = w_in.shape[0]
     outs = swiglu(jnp.broadcast_to(x, (num_experts, *x.shape)), w_in, w_out)  # [E, T, H]
-    weights = jax.nn.one_hot(choice, num_experts, dtype=x.dtype) * gate[:, None].astype(x.dtype)  # skip → 0
-    return DispatchResult(jnp.einsum("te,eth->th", weights, outs), jnp.zeros((), jnp.int32))
+    mine = jnp.take_along_axis(outs, jnp.minimum(choice, num_experts - 1)[None, :, None], axis=0)[0]
+    return DispatchResult(gated(mine, choice, gate, num_experts), jnp.zeros((), jnp.int32))
 
 
-def ragged_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-    """Dropless: stable sort by expert (skip tokens sort last), grouped GEMMs, unsort, scale by g."""
-    num_experts = w_in.shape[0]
+def ragged_local(x, choice, gate, w_in, w_out) -> jax.Array:
+    """Dropless on one device: stable sort by expert (skip tokens last), grouped GEMMs (`ragged_dot`), unsort.
+
+    x [T, H], choice/gate [T], w_in [E, H, 2I], w_out [E, I, H] → g · expert(x) [T, H] fp32.
+    """
+    num_experts, dt = w_in.shape[0], x.dtype
     order = jnp.argsort(choice, stable=True)
     sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
-    xs = x[order]
-    gate_up = jax.lax.ragged_dot(xs, w_in, sizes, preferred_element_type=jnp.float32).astype(x.dtype)
+    gate_up = jax.lax.ragged_dot(x[order], w_in.astype(dt), sizes, preferred_element_type=jnp.float32)
     g_, up = jnp.split(gate_up, 2, axis=-1)
-    ys = jax.lax.ragged_dot(jax.nn.silu(g_) * up, w_out, sizes, preferred_element_type=jnp.float32)
+    ys = jax.lax.ragged_dot((jax.nn.silu(g_) * up).astype(dt), w_out.astype(dt), sizes,
+                           preferred_element_type=jnp.float32)
     valid = jnp.arange(x.shape[0]) < jnp.sum(sizes)  # rows past the groups (skip tokens) are unspecified
-    ys = jnp.where(valid[:, None], ys, 0.0).astype(x.dtype)
-    out = jnp.zeros_like(ys).at[order].set(ys)
-    return DispatchResult(out * gate[:, None].astype(x.dtype), jnp.zeros((), jnp.int32))
+    ys = jnp.where(valid[:, None], ys, 0.0)
+    return gated(jnp.zeros_like(ys).at[order].set(ys), choice, gate, num_experts)
 
 
 def capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
@@ -81,52 +97,84 @@ def slot_positions(choice: jax.Array, num_experts: int) -> jax.Array:
     return jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - 1, choice[:, None], axis=1)[:, 0]
 
 
+class CapacitySlots(NamedTuple):
+    """Where each token goes in fixed-capacity expert buffers [E·C (+1 trash row), H]."""
+
+    slot: jax.Array  # [T] int32: e*·C + pos for kept expert tokens, E·C (the trash row) otherwise
+    dropped: jax.Array  # [] int32 expert tokens beyond their expert's capacity
+
+
+def capacity_slots(choice: jax.Array, num_experts: int, cap: int) -> CapacitySlots:
+    """Token t (routed to e*, the pos-th such token in token order) takes slot (e*, pos) if pos < C."""
+    pos = slot_positions(choice, num_experts)
+    is_expert = choice < num_experts
+    keep = is_expert & (pos < cap)
+    return CapacitySlots(jnp.where(keep, choice * cap + pos, num_experts * cap),
+                         jnp.sum(is_expert & ~keep).astype(jnp.int32))
+
+
+def pack_slots(x: jax.Array, slots: CapacitySlots, rows: int) -> jax.Array:
+    """x [T, H] → buffer [rows, H] (rows = E·C) with each kept token in its slot, zeros elsewhere."""
+    return jnp.zeros((rows + 1, x.shape[1]), x.dtype).at[slots.slot].set(x)[:-1]
+
+
+def unpack_slots(buf: jax.Array, slots: CapacitySlots) -> jax.Array:
+    """Expert outputs [E·C, H] → [T, H] in token order (0 for dropped and skip tokens)."""
+    return jnp.concatenate([buf, jnp.zeros((1, buf.shape[1]), buf.dtype)], axis=0)[slots.slot]
+
+
 def capacity_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
     """Fixed-capacity buffers: token t goes to slot (e*, pos) if pos < C; overflow is dropped."""
     num_experts, (t, h) = w_in.shape[0], x.shape
     cap = capacity(t, num_experts, cfg.capacity_factor)
-    pos = slot_positions(choice, num_experts)
-    is_expert = choice < num_experts
-    keep = is_expert & (pos < cap)
-    slot = jnp.where(keep, choice * cap + pos, num_experts * cap)  # last row = trash slot
-    buf = jnp.zeros((num_experts * cap + 1, h), x.dtype).at[slot].set(x)
-    ybuf = swiglu(buf[:-1].reshape(num_experts, cap, h), w_in, w_out).reshape(num_experts * cap, h)
-    ybuf = jnp.concatenate([ybuf, jnp.zeros((1, h), ybuf.dtype)], axis=0)
-    out = ybuf[slot] * gate[:, None].astype(x.dtype)
-    return DispatchResult(out, jnp.sum(is_expert & ~keep).astype(jnp.int32))
+    slots = capacity_slots(choice, num_experts, cap)
+    buf = pack_slots(x, slots, num_experts * cap).reshape(num_experts, cap, h)
+    y = swiglu(buf, w_in, w_out).reshape(num_experts * cap, h)
+    return DispatchResult(gated(unpack_slots(y, slots), choice, gate, num_experts), slots.dropped)
 
 
-def grouped_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-    """Dropless per-expert chunked GEMMs on expert-sorted tokens (`zaya_jax.model.grouped`); per device under
-    a data/context/expert mesh (`shard_map` over the token axes, expert weights replicated)."""
+def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
+    """A dropless dispatch from a per-device body `local_fn(x, choice, gate, w_in, w_out) -> out [T, H]`.
+
+    Each device sorts and computes its own tokens with the full (replicated) expert weights: called
+    directly without a mesh, on one device, or inside a manual `shard_map` (the ZeRO-1 step); under a
+    GSPMD mesh wrapped in a `shard_map` over the token axes.
+    """
+    def dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
+        from zaya_jax.parallel.expert_parallel import TOKEN_AXES
+
+        mesh = active_mesh()
+        if mesh is None or mesh.size == 1 or in_manual_region():  # 1 device: no shard_map (its transpose
+            out = local_fn(x, choice, gate, w_in, w_out)           # would add an all-reduce)
+        else:
+            tokens, none = jax.sharding.PartitionSpec(TOKEN_AXES), jax.sharding.PartitionSpec()
+            out = jax.shard_map(local_fn, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none),
+                                out_specs=tokens, check_vma=False)(x, choice, gate, w_in, w_out)
+        return DispatchResult(out, jnp.zeros((), jnp.int32))
+    return dispatch
+
+
+def _grouped_local(x, choice, gate, w_in, w_out):
     from zaya_jax.model.grouped import grouped_local
-    from zaya_jax.parallel.expert_parallel import TOKEN_AXES
-    from zaya_jax.parallel.mesh import AXES
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(AXES) <= set(mesh.axis_names) or mesh.size == 1:  # 1 device: no shard_map (its
-        out = grouped_local(x, choice, gate, w_in, w_out)                      # transpose adds an all-reduce)
-    else:
-        tokens = jax.sharding.PartitionSpec(TOKEN_AXES)
-        none = jax.sharding.PartitionSpec()
-        out = jax.shard_map(grouped_local, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none),
-                            out_specs=tokens, check_vma=False)(x, choice, gate, w_in, w_out)
-    return DispatchResult(out, jnp.zeros((), jnp.int32))
+    return grouped_local(x, choice, gate, w_in, w_out)
+
+
+ragged_dispatch = per_device(ragged_local)
+grouped_dispatch = per_device(_grouped_local)
 
 
 def resolve_dispatch(name: str) -> str:
-    """The concrete dispatch for `name` at trace time (`auto` looks at the active mesh and the backend)."""
+    """The concrete dispatch for `name` at trace time. `auto` never drops tokens unless the layout needs
+    capacity: expert parallelism (`ep`, capacity-based all-to-all) only when the active mesh has an expert
+    axis > 1; otherwise every device runs its own tokens dropless — `grouped` loops on CPU (XLA:CPU lowers
+    `ragged_dot` to a dense masked dot), `ragged_dot` grouped GEMMs on accelerators."""
     if name != "auto":
         return name
-    from zaya_jax.parallel.mesh import AXES
-
-    mesh = jax.sharding.get_abstract_mesh()
-    meshed = not mesh.empty and set(AXES) <= set(mesh.axis_names)
-    if meshed and mesh.shape["expert"] > 1:
+    mesh = active_mesh()
+    if mesh is not None and mesh.shape["expert"] > 1:
         return "ep"
-    if jax.default_backend() == "cpu":
-        return "grouped"
-    return "ep" if meshed else "ragged"
+    return "grouped" if jax.default_backend() == "cpu" else "ragged"
 
 
 def get_dispatch(name: str) -> Dispatch:
@@ -152,20 +200,22 @@ class MoE(nnx.Module):
         e, h, i = m.num_experts, m.hidden_size, m.moe_intermediate_size
         self.cfg = m
         self.router = Router(m, rngs=rngs)
-        self.w_in = layers.normal_param(rngs, (e, h, 2 * i), std, pd)
-        self.w_out = layers.normal_param(rngs, (e, i, h), std, pd)
+        self.w_in = layers.normal_param(rngs, (e, h, 2 * i), std, pd, ("experts", "embed", "mlp_gate_up"))
+        self.w_out = layers.normal_param(rngs, (e, i, h), std, pd, ("experts", "mlp", "embed"))
 
     def __call__(self, x: jax.Array, state_prev: jax.Array):
-        """x: [B, S, H] normed input, state_prev: [B, S, R] → (out [B, S, H], state [B, S, R], MoEStats)."""
+        """x: [B, S, H] normed input, state_prev: [B, S, R] → (out [B, S, H] fp32, state [B, S, R], MoEStats).
+
+        Inside a manual `shard_map` (the ZeRO-1 step) the arrays and the counts are this device's."""
         m, dt = self.cfg, layers.dtype_of(self.cfg.dtype)
         routing = self.router(x, state_prev)
         b, s, h = x.shape
         flat_x, choice, gate = (sharding.flatten_tokens(a) for a in (x, routing.choice, routing.gate))
         result = get_dispatch(m.dispatch)(flat_x, choice, gate, self.w_in[...].astype(dt),
                                           self.w_out[...].astype(dt), m)
-        out = result.out
+        out = result.out  # fp32
         if m.skip_output == "scaled_input":
             is_skip = (choice == m.num_experts)[:, None]
-            out = out + jnp.where(is_skip, gate[:, None].astype(dt) * flat_x, 0).astype(out.dtype)
+            out = out + jnp.where(is_skip, gate[:, None] * flat_x.astype(jnp.float32), 0.0)
         counts = jnp.bincount(choice, length=m.num_experts + 1).astype(jnp.int32)
         return sharding.unflatten_tokens(out, b, s), routing.state, MoEStats(counts, result.dropped)

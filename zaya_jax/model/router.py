@@ -2,7 +2,8 @@
 experts + skip slot, balancing biases that change the choice only, unbiased gate.
 
 Shapes: T tokens (any leading dims), H hidden, R router width, E experts (E + 1 router classes).
-Runs in fp32 (§9: router logits, softmax, p + β and argmax are fp32).
+The four projections take compute-dtype operands and accumulate in fp32; everything between them
+(bias, EDA, RMSNorm, GELU), the logits, softmax, p + β and the argmax are fp32 (§9).
 """
 
 from __future__ import annotations
@@ -48,26 +49,28 @@ class Router(nnx.Module):
         pd, std = layers.dtype_of(m.param_dtype), m.initializer_range
         h, r, classes = m.hidden_size, m.router_hidden_size, m.num_experts + 1
         self.eps = m.rms_norm_eps
-        self.w_down = layers.normal_param(rngs, (h, r), std, pd)
-        self.b_down = layers.const_param((r,), 0.0, pd)
-        self.eda_scale = layers.const_param((r,), 1.0, pd)
-        self.norm = layers.const_param((r,), 1.0, pd)
-        self.w1 = layers.normal_param(rngs, (r, r), std, pd)
-        self.b1 = layers.const_param((r,), 0.0, pd)
-        self.w2 = layers.normal_param(rngs, (r, r), std, pd)
-        self.b2 = layers.const_param((r,), 0.0, pd)
-        self.w3 = layers.normal_param(rngs, (r, classes), std, pd)
+        self.dtype = layers.dtype_of(m.dtype)
+        self.w_down = layers.normal_param(rngs, (h, r), std, pd, ("embed", "router"))
+        self.b_down = layers.const_param((r,), 0.0, pd, ("router",))
+        self.eda_scale = layers.const_param((r,), 1.0, pd, ("router",))
+        self.norm = layers.const_param((r,), 1.0, pd, ("router",))
+        self.w1 = layers.normal_param(rngs, (r, r), std, pd, ("router", "router_out"))
+        self.b1 = layers.const_param((r,), 0.0, pd, ("router_out",))
+        self.w2 = layers.normal_param(rngs, (r, r), std, pd, ("router", "router_out"))
+        self.b2 = layers.const_param((r,), 0.0, pd, ("router_out",))
+        self.w3 = layers.normal_param(rngs, (r, classes), std, pd, ("router", "classes"))
         bias = jnp.zeros((classes,), jnp.float32).at[-1].set(m.skip_bias_init)
-        self.balancing_bias = layers.BalancingBias(bias)
+        self.balancing_bias = layers.BalancingBias(bias, out_sharding=("classes",), eager_sharding=False)
 
     def __call__(self, x: jax.Array, state_prev: jax.Array) -> Routing:
         """x: [..., H] normed MoE input; state_prev: [..., R] fp32 (zeros for the first MoE layer)."""
         f32 = lambda v: v[...].astype(jnp.float32)  # noqa: E731
-        a = x.astype(jnp.float32) @ f32(self.w_down) + f32(self.b_down)
+        dt = self.dtype
+        a = layers.mm(x, self.w_down[...], dt) + f32(self.b_down)
         a = a + f32(self.eda_scale) * state_prev
         u = layers.rms_norm(a, f32(self.norm), self.eps, jnp.float32)
-        u = jax.nn.gelu(u @ f32(self.w1) + f32(self.b1), approximate=False)
-        u = jax.nn.gelu(u @ f32(self.w2) + f32(self.b2), approximate=False)
-        probs = jax.nn.softmax(u @ f32(self.w3), axis=-1)
+        u = jax.nn.gelu(layers.mm(u, self.w1[...], dt) + f32(self.b1), approximate=False)
+        u = jax.nn.gelu(layers.mm(u, self.w2[...], dt) + f32(self.b2), approximate=False)
+        probs = jax.nn.softmax(layers.mm(u, self.w3[...], dt), axis=-1)
         choice, gate = choose(probs, self.balancing_bias[...].astype(jnp.float32))
         return Routing(choice, gate, probs, a)

@@ -1,7 +1,8 @@
 """The ZAYA1 decoder (§2): embedding, input scaling, a `jax.lax.scan` over stacked decoder layers
 (CCA + MoE, each with residual scaling), final RMSNorm and the tied LM head.
 
-The residual stream is fp32; matmuls run in `model.dtype`; logits are fp32 (§9). Layer parameters
+The residual stream is fp32; every matmul takes `model.dtype` operands and accumulates in fp32; logits are
+fp32 (§9). Layer parameters
 are stacked along a leading [L] axis, so compile time does not grow with depth.
 """
 
@@ -19,7 +20,9 @@ from zaya_jax.model import layers
 from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.moe import MoE, MoEStats
 from zaya_jax.parallel import context
+from zaya_jax.parallel.mesh import in_manual_region
 
+STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
 REMAT_POLICIES = {
     "full": None,
     "dots": jax.checkpoint_policies.checkpoint_dots,
@@ -73,8 +76,10 @@ def frozen(m: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
 def _stacked_layers(m: ml_collections.ConfigDict, rngs: nnx.Rngs) -> DecoderLayer:
     """L independently initialised layers whose variables are stacked along a leading [L] axis."""
     keys = jax.random.split(rngs.params(), m.num_layers)
-    graphdef = nnx.graphdef(nnx.eval_shape(lambda: DecoderLayer(m, rngs=nnx.Rngs(0))))
+    graphdef = nnx.graphdef(abstract_module(lambda: DecoderLayer(m, rngs=nnx.Rngs(0))))
     state = jax.vmap(lambda k: nnx.state(DecoderLayer(m, rngs=nnx.Rngs(params=k))))(keys)
+    for var in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):  # one more leading axis
+        var.set_metadata(out_sharding=(STACKED_AXIS, *var.get_metadata()["out_sharding"]))
     return nnx.merge(graphdef, state)
 
 
@@ -85,15 +90,17 @@ class Zaya(nnx.Module):
         m = frozen(m)
         pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
         self.cfg = m
-        self.embed = layers.normal_param(rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd)
-        self.in_scale = layers.const_param((m.hidden_size,), 1.0, pd)
-        self.in_bias = layers.const_param((m.hidden_size,), 0.0, pd)
+        self.embed = layers.normal_param(rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd,
+                                        ("vocab", "embed"))
+        self.in_scale = layers.const_param((m.hidden_size,), 1.0, pd, ("embed",))
+        self.in_bias = layers.const_param((m.hidden_size,), 0.0, pd, ("embed",))
         self.layers = _stacked_layers(m, rngs)
         self.final_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:
         """Token embedding plus the input bias, times the input scale: [B, S] ids → fp32 residual [B, S, H]."""
-        e = jnp.take(self.embed[...], input_ids, axis=0).astype(jnp.float32)
+        # gather from an fp32 view: the backward scatter-adds token cotangents in fp32, not in the compute dtype
+        e = jnp.take(self.embed[...].astype(jnp.float32), input_ids, axis=0)
         return (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
@@ -110,8 +117,12 @@ class Zaya(nnx.Module):
         layout = context.active_layout(b, s, context_layout, cca_halo(m))
         if layout is not None:
             input_ids = context.to_layout(input_ids, layout)
-            positions = (jnp.asarray(context.layout_positions(s, context.context_size(), layout))
-                         if positions is None else context.to_layout(positions, layout))
+            if positions is not None:
+                positions = context.to_layout(positions, layout)
+            elif in_manual_region():  # this device's chunk(s) of the sequence
+                positions = context.local_positions(s, layout)
+            else:
+                positions = jnp.asarray(context.layout_positions(s, context.context_size(), layout))
         elif positions is None:
             positions = jnp.arange(s, dtype=jnp.int32)[None, :]
         r = self.embed_tokens(input_ids)
@@ -130,8 +141,8 @@ class Zaya(nnx.Module):
         return (h if layout is None else context.from_layout(h, layout)), stats
 
     def logits(self, h: jax.Array) -> jax.Array:
-        """Tied head in fp32: h [B, S, H] → [B, S, V]."""
-        return h.astype(jnp.float32) @ self.embed[...].astype(jnp.float32).T
+        """Tied head: h [..., H] → fp32 logits [..., V] (compute-dtype operands, fp32 accumulation)."""
+        return layers.mm(h, self.embed[...].T, layers.dtype_of(self.cfg.dtype))
 
     def forward(self, input_ids: jax.Array, positions: jax.Array | None = None,
                 context_layout: str = "contiguous") -> ForwardOutput:
@@ -149,4 +160,17 @@ def init_model(m: ml_collections.ConfigDict, seed: int = 0) -> Zaya:
 
 def abstract_model(m: ml_collections.ConfigDict) -> Zaya:
     """The model with `jax.ShapeDtypeStruct` leaves: shapes and dtypes only, nothing allocated."""
-    return nnx.eval_shape(lambda: Zaya(m, rngs=nnx.Rngs(params=0)))
+    return abstract_module(lambda: Zaya(m, rngs=nnx.Rngs(params=0)))
+
+
+def abstract_module(make):
+    """`make()`'s module with `jax.ShapeDtypeStruct` leaves. Unlike `nnx.eval_shape` this never turns the
+    parameters' logical axis names into shardings of an active mesh (they are not mesh axes)."""
+    graph = {}
+
+    def state():
+        graph["def"], values = nnx.split(make())
+        return values
+
+    values = jax.eval_shape(state)
+    return nnx.merge(graph["def"], values)

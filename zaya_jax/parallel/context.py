@@ -36,7 +36,7 @@ from jax.sharding import PartitionSpec as P
 
 from zaya_jax.model.cca import CCA, causal_attention, conv_halo_len
 from zaya_jax.model.layers import dtype_of
-from zaya_jax.parallel.mesh import AXES, BATCH_AXES
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, in_manual_region
 
 AXIS = "context"
 LAYOUTS = ("contiguous", "zigzag")
@@ -67,6 +67,8 @@ def active_layout(batch: int, seq: int, layout: str, halo: int) -> str | None:
     n = context_size()
     if n == 1:
         return None
+    if in_manual_region():  # per-device arrays in the ZeRO-1 step, whose layout was checked up front
+        return layout
     mesh = jax.sharding.get_abstract_mesh()
     shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
     if batch % shards or seq % (n * per) or seq // (n * per) < max(halo, 1):
@@ -79,6 +81,13 @@ def chunk_home(chunk: int, n: int, layout: str) -> tuple[int, int]:
     if layout == "contiguous":
         return chunk, 0
     return (chunk, 0) if chunk < n else (2 * n - 1 - chunk, 1)
+
+
+def local_positions(seq_local: int, layout: str) -> jax.Array:
+    """Inside a manual `shard_map`: absolute positions [1, S_l] of this device's tokens in `layout` order."""
+    n = jax.lax.axis_size(AXIS)
+    table = jnp.asarray(layout_positions(seq_local * n, n, layout))
+    return jax.lax.dynamic_slice_in_dim(table, jax.lax.axis_index(AXIS) * seq_local, seq_local, axis=1)
 
 
 def layout_positions(seq: int, n: int, layout: str) -> np.ndarray:
@@ -113,6 +122,8 @@ def _move_chunks(x: jax.Array, src: str, dst: str) -> jax.Array:
 
 def _reorder(x: jax.Array, src: str, dst: str) -> jax.Array:
     chex.assert_rank(x, {2, 3, 4})
+    if in_manual_region():
+        return _move_chunks(x, src, dst)
     mesh = jax.sharding.get_abstract_mesh()
     spec = _seq_spec(x)
     return jax.shard_map(partial(_move_chunks, src=src, dst=dst), mesh=mesh, in_specs=spec, out_specs=spec)(x)
@@ -234,9 +245,11 @@ def cca_forward(attn: CCA, x: jax.Array, positions: jax.Array, layout: str) -> j
     chex.assert_rank(x, 3)
     chex.assert_rank(positions, 2)
     chex.assert_equal(positions.shape[1], x.shape[1])
-    mesh = jax.sharding.get_abstract_mesh()
     graphdef, state = nnx.split(attn)
     body = partial(_local_cca, graphdef=graphdef, layout=layout)
+    if in_manual_region():
+        return body(state, x, positions)
+    mesh = jax.sharding.get_abstract_mesh()
     fn = jax.shard_map(body, mesh=mesh, in_specs=(P(), _seq_spec(x), _seq_spec(positions)),
                        out_specs=_seq_spec(x))
     out = fn(state, x, positions)

@@ -16,52 +16,52 @@ dense reference. Expert weights are never gathered: only tokens move.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
-import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from zaya_jax.model.moe import DispatchResult, capacity, slot_positions, swiglu
-from zaya_jax.parallel.mesh import AXES
+from zaya_jax.model.moe import (DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
+                                unpack_slots)
+from zaya_jax.parallel.mesh import AXES, active_mesh, in_manual_region
 
 TOKEN_AXES = ("data", "expert", "context")  # blocks of a flattened [B·S] token dim (`sharding.flatten_tokens`)
 
 
-def _local_ep(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float):
-    """Per-device body. x: [T_l, H], choice/gate: [T_l], w_in: [E_l, H, 2I], w_out: [E_l, I, H]."""
+def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float) -> DispatchResult:
+    """Per-device body (inside a `shard_map` whose `expert` axis is manual). x: [T_l, H], choice/gate: [T_l],
+    w_in: [E_l, H, 2I], w_out: [E_l, I, H] → (g · expert(x) [T_l, H] fp32, this device's dropped count)."""
     n_ep = jax.lax.axis_size("expert")
     e_local, (t_local, h) = w_in.shape[0], x.shape
     cap = capacity(t_local, num_experts, capacity_factor)
-    pos = slot_positions(choice, num_experts)
-    is_expert = choice < num_experts
-    keep = is_expert & (pos < cap)
-    trash = num_experts * cap
-    slot = jnp.where(keep, choice * cap + pos, trash)
-    send = jnp.zeros((trash + 1, h), x.dtype).at[slot].set(x)[:-1].reshape(n_ep, e_local * cap, h)
+    slots = capacity_slots(choice, num_experts, cap)
+    send = pack_slots(x, slots, num_experts * cap).reshape(n_ep, e_local * cap, h)
     recv = jax.lax.all_to_all(send, "expert", 0, 0, tiled=True)  # [n_ep (source), E_l·C, H]
     local_in = recv.reshape(n_ep, e_local, cap, h).transpose(1, 0, 2, 3).reshape(e_local, n_ep * cap, h)
-    local_out = swiglu(local_in, w_in, w_out)
+    local_out = swiglu(local_in, w_in, w_out).astype(x.dtype)  # the return trip in the compute dtype
     back = local_out.reshape(e_local, n_ep, cap, h).transpose(1, 0, 2, 3).reshape(n_ep, e_local * cap, h)
-    ret = jax.lax.all_to_all(back, "expert", 0, 0, tiled=True).reshape(trash, h)  # global expert order
-    ret = jnp.concatenate([ret, jnp.zeros((1, h), ret.dtype)], axis=0)
-    out = ret[slot] * gate[:, None].astype(x.dtype)
-    dropped = jax.lax.psum(jnp.sum(is_expert & ~keep).astype(jnp.int32), AXES)
-    return out, dropped
+    ret = jax.lax.all_to_all(back, "expert", 0, 0, tiled=True).reshape(num_experts * cap, h)  # expert order
+    return DispatchResult(gated(unpack_slots(ret, slots), choice, gate, num_experts), slots.dropped)
 
 
 def ep_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-    """EP dispatch with the `Dispatch` signature of `zaya_jax.model.moe`; needs an active mesh
-    (`jax.set_mesh`) with axes data/context/expert. x: [T, H] → DispatchResult(out [T, H], dropped [])."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "expert" not in mesh.axis_names:
+    """EP dispatch with the `Dispatch` signature of `zaya_jax.model.moe`. Inside a manual `shard_map` (the ZeRO-1
+    step) it is the per-device body (local tokens, local experts, local dropped count); otherwise it needs an
+    active mesh (`jax.set_mesh`) with axes data/context/expert and wraps the body in a `shard_map` (dropped
+    summed over all devices). x: [T, H] → DispatchResult(out [T, H] fp32, dropped [])."""
+    body = partial(ep_local, num_experts=cfg.num_experts, capacity_factor=cfg.capacity_factor)
+    if in_manual_region():
+        return body(x, choice, gate, w_in, w_out)
+    mesh = active_mesh()
+    if mesh is None:
         raise ValueError("model.dispatch='ep' needs an active device mesh with an 'expert' axis: build it with "
                          "zaya_jax.parallel.mesh.make_mesh and run under `with jax.set_mesh(mesh):`")
+
+    def summed(*args):
+        out, dropped = body(*args)
+        return out, jax.lax.psum(dropped, AXES)
+
     tokens = P(TOKEN_AXES)
-    body = jax.shard_map(
-        lambda *a: _local_ep(*a, num_experts=cfg.num_experts, capacity_factor=cfg.capacity_factor),
-        mesh=mesh,
-        in_specs=(tokens, tokens, tokens, P("expert"), P("expert")),
-        out_specs=(tokens, P()),
-        check_vma=False,
-    )
-    out, dropped = body(x, choice, gate, w_in, w_out)
+    out, dropped = jax.shard_map(summed, mesh=mesh, in_specs=(tokens, tokens, tokens, P("expert"), P("expert")),
+                                 out_specs=(tokens, P()), check_vma=False)(x, choice, gate, w_in, w_out)
     return DispatchResult(out, dropped)

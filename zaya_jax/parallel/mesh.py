@@ -58,3 +58,16 @@ def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) ->
 
 def axis_size(mesh: Mesh, *names: str) -> int:
     return math.prod(mesh.shape[name] for name in names)
+
+
+def active_mesh():
+    """The active abstract mesh (`jax.set_mesh` / inside `jax.shard_map`) if it has this project's axes, else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or not set(AXES) <= set(mesh.axis_names) else mesh
+
+
+def in_manual_region() -> bool:
+    """True inside a `jax.shard_map` over every mesh axis (e.g. the ZeRO-1 train step): the code sees this
+    device's local arrays and communicates with explicit collectives (psum, all_to_all, ppermute, ...)."""
+    mesh = active_mesh()
+    return mesh is not None and set(AXES) <= set(getattr(mesh, "manual_axes", ()))

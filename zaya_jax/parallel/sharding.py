@@ -1,15 +1,17 @@
-"""The one place that maps parameters, optimizer state and activations to mesh axes.
+"""The one place that maps logical axes to mesh axes: parameters, optimizer state and activations.
 
-Parameters (logical axis names from their path):
-* `zero1` (the paper's scheme) and `replicated`: everything replicated over `data`/`context`;
-  routed-expert weights sharded over `expert` on their expert dimension.
-* `fsdp`: additionally shard each parameter over `data` (largest divisible dimension).
+Every parameter carries logical axis names from where it is created (`zaya_jax.model.layers.param`), e.g.
+the routed-expert kernel `layers/moe/w_in` is ("layers", "experts", "embed", "mlp_gate_up"). `RULES` maps
+logical names to mesh axes; a name without a rule is replicated, a parameter without names is an error.
 
-Optimizer state (`zero1`, `fsdp`): every leaf sharded across *all* devices when a dimension divides:
-leading batch dimensions (layers, experts) first, so Muon's Newton–Schulz runs on whole matrices
-that one device owns (no gather inside the orthogonalisation), then the matrix dimensions.
-
-Activations: batch over (`data`, `expert`), sequence over `context`.
+* params, `zero1` (the paper's scheme, arXiv 2511.17127 §2) and `replicated`: replicated, except routed
+  experts split over `expert` (expert parallelism, when that axis is > 1);
+* params, `fsdp`: additionally the hidden (`embed`) dimension over `data`;
+* optimizer state in the per-parameter layout (`fsdp` / `replicated` steps, and checkpoints of every mode):
+  the parameter's spec, then — except for `replicated` — every remaining mesh axis on the first dimension it
+  divides (leading dimensions first, then the larger matrix dimension), so the state of a large leaf is never
+  replicated. The ZeRO-1 step keeps its optimizer state in an owner layout instead (`zaya_jax.train.zero1`);
+* activations: batch over (`data`, `expert`), sequence over `context`.
 """
 
 from __future__ import annotations
@@ -18,79 +20,94 @@ import math
 from typing import Any
 
 import jax
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from zaya_jax.parallel.mesh import AXES, BATCH_AXES
+from zaya_jax.keys import path_name
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, active_mesh, in_manual_region
 
-EXPERT_LEAVES = ("w_in", "w_out")  # [L, E, ...] routed-expert kernels
-
-
-def _path_names(path) -> list[str]:
-    """Key names along a pytree path, without the `.value` attribute of NNX variables."""
-    names = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                names.append(str(getattr(key, attr)))
-                break
-    return [n for n in names if n not in ("value", "raw_value")]
-
-
-def _is_expert_leaf(path, ndim: int) -> bool:
-    names = _path_names(path)
-    return bool(names) and names[-1] in EXPERT_LEAVES and "layers" in names and ndim == 4
+LOGICAL_AXES = frozenset({
+    "layers", "vocab", "embed", "q_heads", "kv_heads", "kv_half", "kv_groups", "conv_taps", "qk", "qk_groups",
+    "head_in", "head_out", "router", "router_out", "classes", "experts", "mlp", "mlp_gate_up",
+})
+RULES: dict[str, dict[str, tuple[str, ...]]] = {
+    "param": {"experts": ("expert",)},
+    "fsdp": {"experts": ("expert",), "embed": ("data",)},
+    "activation": {"batch": BATCH_AXES, "seq": ("context",)},
+}
+PARAM_MODES = ("zero1", "fsdp", "replicated")
 
 
-def _shard_free_axes(shape: tuple[int, ...], spec: list, mesh: Mesh, axes: tuple[str, ...],
-                     order: list[int]) -> list:
-    """Assign each still-unused mesh axis in `axes` (size > 1) to a dimension (in `order` of preference)
-    that stays divisible; returns the updated spec list."""
-    used = {a for entry in spec if entry for a in (entry if isinstance(entry, tuple) else (entry,))}
-    for axis in axes:
+def logical_axes(var: nnx.Variable, where: str = "") -> tuple[str | None, ...]:
+    """The logical axis names a parameter was created with; an unnamed or unknown axis is an error."""
+    names = var.get_metadata().get("out_sharding")
+    if names is None or len(names) != len(getattr(var.get_value(), "shape", ())):
+        raise ValueError(f"parameter {where or var!r} has no logical axis names for its shape; create it with "
+                         "zaya_jax.model.layers.param(value, axes)")
+    unknown = [n for n in names if n is not None and n not in LOGICAL_AXES]
+    if unknown:
+        raise ValueError(f"parameter {where}: unknown logical axes {unknown}; add them to "
+                         "zaya_jax.parallel.sharding.LOGICAL_AXES (and a rule if they should be split)")
+    return tuple(names)
+
+
+def _mesh_size(mesh: Mesh, axes) -> int:
+    return math.prod(mesh.shape[a] for a in axes)
+
+
+def param_spec(names: tuple, shape: tuple[int, ...], mesh: Mesh, mode: str) -> P:
+    """PartitionSpec of a parameter with logical `names` under `RULES` for `mode` (a rule whose mesh axes
+    have size 1, or that does not divide the dimension, leaves the dimension replicated)."""
+    rules = RULES["fsdp" if mode == "fsdp" else "param"]
+    spec = []
+    for name, dim in zip(names, shape):
+        axes = tuple(a for a in rules.get(name, ()) if mesh.shape[a] > 1)
+        ok = axes and dim % _mesh_size(mesh, axes) == 0
+        spec.append((axes[0] if len(axes) == 1 else axes) if ok else None)
+    return P(*spec)
+
+
+def spread_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
+    """`spec` plus every unused mesh axis (size > 1) on the first dimension that stays divisible: leading
+    dimensions first, then the matrix dimensions larger first (per-parameter optimizer state, ZeRO-style)."""
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    used = {a for e in entries if e for a in (e if isinstance(e, tuple) else (e,))}
+    order = list(range(max(0, len(shape) - 2))) + sorted(range(max(0, len(shape) - 2), len(shape)),
+                                                         key=lambda d: -shape[d])
+    for axis in AXES:
         if axis in used or mesh.shape[axis] == 1:
             continue
         for dim in order:
-            current = spec[dim] if spec[dim] else ()
+            current = entries[dim] if entries[dim] else ()
             current = current if isinstance(current, tuple) else (current,)
-            split = math.prod(mesh.shape[a] for a in current) * mesh.shape[axis]
-            if shape[dim] % split == 0:
-                spec[dim] = (*current, axis) if current else axis
+            if shape[dim] % (_mesh_size(mesh, current) * mesh.shape[axis]) == 0:
+                entries[dim] = (*current, axis) if current else axis
                 break
-    return spec
-
-
-def param_spec(path, shape: tuple[int, ...], mesh: Mesh, mode: str) -> P:
-    """PartitionSpec of one parameter. Expert kernels [L, E, ...]: E over `expert`."""
-    spec: list = [None] * len(shape)
-    if _is_expert_leaf(path, len(shape)) and mesh.shape["expert"] > 1:
-        spec[1] = "expert"
-    if mode == "fsdp":
-        order = sorted(range(len(shape)), key=lambda d: -shape[d])
-        spec = _shard_free_axes(shape, spec, mesh, ("data",), order)
-    return P(*spec)
-
-
-def opt_state_spec(path, shape: tuple[int, ...], mesh: Mesh, mode: str) -> P:
-    """PartitionSpec of an optimizer-state leaf shaped like its parameter (ZeRO-1: over all devices)."""
-    spec = list(param_spec(path, shape, mesh, mode)) + [None] * 0
-    spec += [None] * (len(shape) - len(spec))
-    if mode == "replicated" or not shape:
-        return P(*spec)
-    batch_dims = list(range(max(0, len(shape) - 2)))
-    matrix_dims = sorted(range(max(0, len(shape) - 2), len(shape)), key=lambda d: -shape[d])
-    spec = _shard_free_axes(shape, spec, mesh, AXES, batch_dims + matrix_dims)
-    return P(*spec)
+    return P(*entries)
 
 
 def tree_specs(tree: Any, mesh: Mesh, mode: str, kind: str = "param") -> Any:
-    """PartitionSpecs for every array leaf of `tree` (params, or optimizer state with `kind='opt'`)."""
-    rule = param_spec if kind == "param" else opt_state_spec
+    """PartitionSpecs for a tree of parameters (`kind='param'`) or per-parameter optimizer state
+    (`kind='opt'`), same structure (NNX variables keep their metadata, their value becomes the spec).
+    Scalars (step counts) are replicated; any other leaf that is not a named parameter is an error."""
+    if mode not in PARAM_MODES:
+        raise ValueError(f"param_sharding={mode!r}; choose one of {PARAM_MODES}")
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
 
     def spec(path, leaf):
-        shape = tuple(getattr(leaf, "shape", ()))
-        return rule(path, shape, mesh, mode) if shape else P()
+        if not is_var(leaf):
+            if getattr(leaf, "shape", ()):
+                raise ValueError(f"{kind} leaf {path_name(path)} is not a named parameter: no sharding rule for it")
+            return P()
+        if not hasattr(leaf.get_value(), "shape"):  # e.g. optax.MaskedNode: this group does not update it
+            return leaf
+        shape = tuple(leaf.get_value().shape)
+        s = param_spec(logical_axes(leaf, path_name(path)), shape, mesh, mode)
+        if kind == "opt" and mode != "replicated":
+            s = spread_spec(s, shape, mesh)
+        return leaf.replace(value=s)
 
-    return jax.tree_util.tree_map_with_path(spec, tree)
+    return jax.tree_util.tree_map_with_path(spec, tree, is_leaf=is_var)
 
 
 def named(mesh: Mesh, specs: Any) -> Any:
@@ -98,8 +115,9 @@ def named(mesh: Mesh, specs: Any) -> Any:
 
 
 def batch_spec(ndim: int = 2) -> P:
-    """Batch arrays [B, S, ...]: B over (data, expert), S over context."""
-    return P(BATCH_AXES, "context", *([None] * (ndim - 2)))
+    """Batch arrays [B, S, ...]: B over (data, expert), S over context (`RULES['activation']`)."""
+    rules = RULES["activation"]
+    return P(rules["batch"], *rules["seq"], *([None] * (ndim - 2)))
 
 
 def token_spec() -> P:
@@ -109,8 +127,8 @@ def token_spec() -> P:
 
 def _token_blocks(batch: int, seq: int) -> tuple[int, int] | None:
     """(batch shards, context shards) when the active mesh splits the sequence (context > 1) and both divide."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(AXES) <= set(mesh.axis_names) or mesh.shape["context"] == 1:
+    mesh = active_mesh()
+    if mesh is None or in_manual_region() or mesh.shape["context"] == 1:
         return None
     shards = math.prod(mesh.shape[a] for a in BATCH_AXES)
     if batch % shards or seq % mesh.shape["context"]:
@@ -146,8 +164,7 @@ def unflatten_tokens(y: jax.Array, batch: int, seq: int) -> jax.Array:
 
 
 def constrain_batch(x: jax.Array) -> jax.Array:
-    """Pin an activation [B, S, ...] to the batch layout when a mesh is active (no-op otherwise)."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or not set(AXES) <= set(mesh.axis_names):
+    """Pin an activation [B, S, ...] to the batch layout under a GSPMD mesh (no-op without one or per device)."""
+    if active_mesh() is None or in_manual_region():
         return x
     return jax.lax.with_sharding_constraint(x, batch_spec(x.ndim))

@@ -49,6 +49,9 @@ def add_to(config: ml_collections.ConfigDict) -> None:
             z_loss=0.0,
             seed=0,
             param_sharding="zero1",  # "zero1" | "fsdp" | "replicated"
+            # dtype of the gradient reduce-scatter (ZeRO-1): "float32" (exact sums) or "bfloat16" (half the bytes)
+            grad_reduce_dtype="float32",
+            loss_chunk=1024,  # sequence positions per cross-entropy chunk (tied head + log-softmax)
             log_every=10,
             eval_every=0,
             eval_batches=4,
@@ -79,6 +82,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {SCHEDULES}")
     if t.param_sharding not in PARAM_SHARDINGS:
         raise ConfigError(f"train.param_sharding={t.param_sharding!r}; choose one of {PARAM_SHARDINGS}")
+    if t.grad_reduce_dtype not in ("float32", "bfloat16"):
+        raise ConfigError(f"train.grad_reduce_dtype={t.grad_reduce_dtype!r}; choose 'float32' or 'bfloat16'")
+    if t.loss_chunk < 1:
+        raise ConfigError(f"train.loss_chunk={t.loss_chunk} must be >= 1 (sequence positions per loss chunk)")
     if t.microbatches < 1 or t.global_batch_size % t.microbatches:
         raise ConfigError(
             f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}")

@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
@@ -24,11 +23,9 @@ from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.train import schedule
-from zaya_jax.train.loss import lm_loss_sums
 from zaya_jax.train.metrics import MetricWriter
-from zaya_jax.train.optimizer import make_optimizer
-from zaya_jax.train.state import create_train_state
-from zaya_jax.train.step import BATCH_KEYS, make_train_step
+from zaya_jax.train.setup import prepare
+from zaya_jax.train.step import BATCH_KEYS, micro_loss
 
 
 def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
@@ -37,12 +34,11 @@ def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
     return {k: jax.make_array_from_process_local_data(spec, np.asarray(batch[k])) for k in BATCH_KEYS}
 
 
-def make_eval_step(graphdef, mesh):
+def make_eval_step(graphdef, mesh, config: ml_collections.ConfigDict):
     """Held-out loss sums (no gradients): (params, biases, batch) → (Σ CE, Σ tokens)."""
     @jax.jit
     def fn(params, biases, batch):
-        out = nnx.merge(graphdef, params, biases).forward(batch["input_ids"])
-        sums = lm_loss_sums(out.logits, batch["labels"], batch["loss_mask"])
+        _, (sums, _) = micro_loss(graphdef, params, biases, batch, config)
         return sums.ce, sums.tokens
 
     def run(state, batch):
@@ -78,12 +74,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
     t, hooks = config.train, hooks or []
     mesh = make_mesh(config)
     train_iter, eval_iter, data_dirs = make_iterators(config)
-    tx, lr_fn = make_optimizer(config), schedule.learning_rate_schedules(config)["muon"]
-    graphdef, state, state_shardings = create_train_state(config, mesh, tx)
+    training = prepare(config, mesh)
+    state, step_fn, graphdef = training.state, training.step, training.graphdef
     if checkpointer is not None:
-        state = checkpointer.restore_or_keep(state, state_shardings, train_iter)
-    step_fn = make_train_step(graphdef, tx, config, mesh, state_shardings, lr_fn)
-    eval_step = make_eval_step(graphdef, mesh)
+        state = checkpointer.restore_or_keep(state, training.shardings, train_iter, codec=training)
+    eval_step = make_eval_step(graphdef, mesh, config)
     writer = MetricWriter(workdir)
     flops_per_token = train_flops_per_token(config.model, t.seq_len)
     peak = _peak_flops()

@@ -32,17 +32,13 @@ Weight decay (decoupled, multiplied by the group's current LR): all Muon matrice
 kernels; the embedding only when `optimizer.decay_embedding`; never norms, biases, merge
 scales/biases, temperatures or EDA scales. `tx.update` must receive `params` when weight_decay > 0.
 
-Distributed Muon under ZeRO-1 (`paper-systems.md` §2). Parameters are replicated over `data`;
-gradients are reduce-scattered and the optimizer state (Muon momentum, Adam moments) is sharded
-along ONE axis of each leaf over `data` (per-parameter global arrays, so Orbax can reshard).
-NS needs whole matrices, so for Muon leaves the sharded axis should be a **batch axis** (layers
-or experts): then every device owns whole matrices, runs NS on them locally (the nested vmaps keep
-each batch axis a separate dot_general batch dimension, so GSPMD inserts no gather), and only the
-finished update is all-gathered to the replicated parameters (the same all-gather ZeRO-1 needs
-anyway). If no batch axis divides the DP size, shard a matrix axis instead: GSPMD then gathers
-inside NS (correct, more traffic). Adam is elementwise, any axis works; prefer the last (hidden)
-axis — the vocab 262,272 = 2⁷·2049 divides over at most 128 shards. `zero1_state_axes` returns
-this choice per leaf; `parallel/sharding.py` turns it into PartitionSpecs.
+Precision: Newton–Schulz keeps its iterate in fp32 and runs its matmuls with operands in `ns_dtype` (the
+model's compute dtype) and fp32 accumulation, like every other matmul of a step.
+
+This module is the per-parameter optimizer (an optax transformation over the parameter tree): the
+`fsdp` / `replicated` steps use it directly, checkpoints store its state layout, and it is the reference
+the ZeRO-1 step's distributed optimizer (`zaya_jax.train.zero1`, where each device updates only the
+matrices and elements it owns) is tested against.
 """
 
 from __future__ import annotations
@@ -55,6 +51,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from zaya_jax.keys import map_named
 from zaya_jax.train import schedule as schedule_lib
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton–Schulz (a, b, c): X ← aX + (bA + cA²)X, A = XXᵀ
@@ -72,27 +69,6 @@ Pytree = Any
 # ----------------------------------------------------------------------------- labels
 
 
-def _leaf_name(path: tuple) -> str:
-    """Last dict/attribute name of a key path, skipping an NNX Variable's trailing `.value`."""
-    names = []
-    for k in path:
-        if isinstance(k, jax.tree_util.DictKey):
-            names.append(str(k.key))
-        elif isinstance(k, jax.tree_util.GetAttrKey):
-            names.append(k.name)
-        elif isinstance(k, jax.tree_util.SequenceKey):
-            names.append(str(k.idx))
-        else:  # FlattenedIndexKey and others
-            names.append(str(getattr(k, "key", k)))
-    while names and names[-1] in ("value", "raw_value"):
-        names.pop()
-    return names[-1] if names else ""
-
-
-def _map_named(fn: Callable[[str, Any], Any], tree: Pytree) -> Pytree:
-    return jax.tree_util.tree_map_with_path(lambda p, x: fn(_leaf_name(p), x), tree)
-
-
 def _label(name: str, muon_conv: bool) -> str:
     if name in MUON_MATRICES or (name == CONV_TAPS and muon_conv):
         return "muon"
@@ -106,7 +82,7 @@ def _label(name: str, muon_conv: bool) -> str:
 def param_labels(params: Pytree, *, muon_conv: bool = False) -> Pytree:
     """Same-structure tree of "muon" | "adam" for any param pytree (pure dict, `nnx.State`, with or
     without `nnx.Variable` nodes) whose key paths end in the ZAYA1 parameter names."""
-    return _map_named(lambda n, _: _label(n, muon_conv), params)
+    return map_named(lambda n, _: _label(n, muon_conv), params)
 
 
 def decay_mask(params: Pytree, *, decay_embedding: bool = False, muon_conv: bool = False) -> Pytree:
@@ -115,30 +91,32 @@ def decay_mask(params: Pytree, *, decay_embedding: bool = False, muon_conv: bool
     def f(name: str, _) -> bool:
         return (_label(name, muon_conv) == "muon" or name in DECAYED_ADAM_LEAVES
                 or (name == "embed" and decay_embedding))
-    return _map_named(f, params)
+    return map_named(f, params)
 
 
 # ----------------------------------------------------------------------------- Newton–Schulz
 
 
-def _ns_matrix(x: jax.Array, coeffs: tuple[float, float, float], steps: int, eps: float) -> jax.Array:
-    """Quintic NS on one [m, n] matrix (fp32), run on the wide orientation (m ≤ n)."""
+def _ns_matrix(x: jax.Array, coeffs: tuple[float, float, float], steps: int, eps: float, dtype) -> jax.Array:
+    """Quintic NS on one [m, n] matrix, run on the wide orientation (m ≤ n): fp32 iterate, `dtype` operands."""
     a, b, c = coeffs
+    mm = lambda u, v: jnp.matmul(u.astype(dtype), v.astype(dtype), preferred_element_type=jnp.float32)  # noqa
     wide = x.shape[0] <= x.shape[1]
     x = x if wide else x.T
     x = x / (jnp.linalg.norm(x) + eps)
     for _ in range(steps):
-        s = x @ x.T
-        x = a * x + (b * s + c * (s @ s)) @ x
+        s = mm(x, x.T)
+        x = a * x + mm(b * s + c * mm(s, s), x)
     return x if wide else x.T
 
 
 def orthogonalize(x: jax.Array, *, ns_steps: int = 5, ns_coeffs: tuple[float, float, float] = NS_COEFFS,
-                  split_last: bool = False, eps: float = 1e-7) -> jax.Array:
+                  split_last: bool = False, eps: float = 1e-7, dtype=jnp.float32) -> jax.Array:
     """Approximate orthogonalisation U·Vᵀ of every matrix of x [..., in, out] (fp32 result).
 
     Leading axes are batch axes (one nested vmap each, so a sharded layer/expert axis stays local).
     split_last: treat [..., in, 2k] as two [in, k] matrices (gate | up) orthogonalised separately.
+    dtype: operand dtype of the NS matmuls (fp32 accumulation).
     """
     x = x.astype(jnp.float32)
     if split_last:
@@ -146,11 +124,11 @@ def orthogonalize(x: jax.Array, *, ns_steps: int = 5, ns_coeffs: tuple[float, fl
         if n_out % 2:
             raise ValueError(f"split_last needs an even last axis, got shape {x.shape}")
         y = orthogonalize(jnp.moveaxis(x.reshape(*lead, n_in, 2, n_out // 2), -2, -3),
-                          ns_steps=ns_steps, ns_coeffs=ns_coeffs, eps=eps)
+                          ns_steps=ns_steps, ns_coeffs=ns_coeffs, eps=eps, dtype=dtype)
         return jnp.moveaxis(y, -3, -2).reshape(x.shape)
     if x.ndim < 2:
         raise ValueError(f"Muon needs a matrix (rank >= 2), got shape {x.shape}")
-    fn = lambda m: _ns_matrix(m, ns_coeffs, ns_steps, eps)  # noqa: E731
+    fn = lambda m: _ns_matrix(m, ns_coeffs, ns_steps, eps, dtype)  # noqa: E731
     for _ in range(x.ndim - 2):
         fn = jax.vmap(fn)
     return fn(x)
@@ -160,7 +138,8 @@ def _matrix_dims(x: jax.Array, split: bool) -> tuple[int, int]:
     return x.shape[-2], (x.shape[-1] // 2 if split else x.shape[-1])
 
 
-def _shape_scale(fan_in: int, fan_out: int, consistent_rms: float) -> float:
+def shape_scale(fan_in: int, fan_out: int, consistent_rms: float) -> float:
+    """Muon's update scale for an [fan_in, fan_out] matrix (see the module docstring)."""
     if consistent_rms > 0:
         return math.sqrt(max(fan_in, fan_out)) * consistent_rms
     return math.sqrt(max(1.0, fan_out / fan_in))
@@ -173,7 +152,8 @@ class MuonState(NamedTuple):
 
 def scale_by_muon_stacked(*, beta: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
                           ns_coeffs: tuple[float, float, float] = NS_COEFFS, split_gate_up: bool = True,
-                          consistent_rms: float = 0.2, eps: float = 1e-7) -> optax.GradientTransformation:
+                          consistent_rms: float = 0.2, eps: float = 1e-7, ns_dtype=jnp.float32
+                          ) -> optax.GradientTransformation:
     """Muon direction for stacked kernels [..., in, out]: momentum → per-matrix NS → shape scale.
 
     Momentum follows `optax.contrib.scale_by_muon` (EMA with bias correction, optional Nesterov).
@@ -196,10 +176,10 @@ def scale_by_muon_stacked(*, beta: float = 0.95, nesterov: bool = True, ns_steps
 
         def direction(name: str, m: jax.Array) -> jax.Array:
             split = split_gate_up and name == SPLIT_LEAF
-            o = orthogonalize(m, ns_steps=ns_steps, ns_coeffs=ns_coeffs, split_last=split, eps=eps)
-            return (o * _shape_scale(*_matrix_dims(m, split), consistent_rms)).astype(m.dtype)
+            o = orthogonalize(m, ns_steps=ns_steps, ns_coeffs=ns_coeffs, split_last=split, eps=eps, dtype=ns_dtype)
+            return (o * shape_scale(*_matrix_dims(m, split), consistent_rms)).astype(m.dtype)
 
-        return _map_named(direction, mu_hat), MuonState(count, mu)
+        return map_named(direction, mu_hat), MuonState(count, mu)
 
     return optax.GradientTransformation(init_fn, update_fn)
 
@@ -228,7 +208,8 @@ def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = No
     muon_tx = optax.chain(*decay(
         [scale_by_muon_stacked(beta=o.muon_momentum, nesterov=bool(o.muon_nesterov), ns_steps=int(o.muon_ns_steps),
                                split_gate_up=bool(o.muon_split_gate_up),
-                               consistent_rms=float(o.get("muon_consistent_rms", 0.0)))],
+                               consistent_rms=float(o.muon_consistent_rms),
+                               ns_dtype=jnp.dtype(config.model.dtype))],
         None), optax.scale_by_learning_rate(lrs["muon"]))
     adam_mask = lambda p: decay_mask(p, decay_embedding=bool(o.get("decay_embedding", False)),  # noqa: E731
                                      muon_conv=muon_conv)
@@ -239,29 +220,3 @@ def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = No
     if o.grad_clip_norm and o.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(float(o.grad_clip_norm)), split)
     return split
-
-
-# ----------------------------------------------------------------------------- ZeRO-1 hint
-
-
-def zero1_state_axes(params: Pytree, dp_size: int, *, muon_conv: bool = False) -> Pytree:
-    """Per leaf, the axis of its optimizer state to shard over the data axis (None = replicate).
-
-    Muon leaves: the largest leading (batch) axis divisible by dp_size — layers [L] before experts
-    [E] when both divide — so NS runs on whole local matrices; else a matrix axis (last first:
-    GSPMD then gathers inside NS); else None. Adam leaves: the last axis if divisible, else the
-    largest divisible axis, else None. dp_size == 1 → all None.
-    """
-    def pick(name: str, x) -> int | None:
-        shape, nd = tuple(x.shape), len(x.shape)
-        if dp_size <= 1 or nd == 0:
-            return None
-        ok = lambda a: shape[a] % dp_size == 0  # noqa: E731
-        if _label(name, muon_conv) == "muon":
-            batch = sorted(range(nd - 2), key=lambda a: (-shape[a], a))
-            order = batch + [nd - 1, nd - 2]
-        else:
-            order = [nd - 1] + sorted(range(nd - 1), key=lambda a: (-shape[a], a))
-        return next((a for a in order if ok(a)), None)
-
-    return _map_named(pick, params)

@@ -1,4 +1,6 @@
-"""The sharded train step: loss + gradients over micro-batches, optimizer update, balancing update.
+"""The GSPMD train step (`train.param_sharding` = `fsdp` | `replicated`) and the pieces every step shares:
+the loss of a micro-batch, micro-batch splitting, the balancing update and the step's metrics. The ZeRO-1
+step (the default, `zaya_jax.train.zero1_step`) uses the same pieces per device.
 
 `make_train_step` returns a function `step(state, batch) -> (state, metrics)` jitted with explicit
 in/out shardings and the state donated. The loss is a token mean over the *global* batch: summed
@@ -18,14 +20,15 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from zaya_jax.parallel import sharding
+from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 from zaya_jax.train import balancing
-from zaya_jax.train.loss import LossSums, lm_loss_sums, objective
+from zaya_jax.train.loss import LossSums, chunked_loss_sums, objective
 from zaya_jax.train.state import TrainState
 
 BATCH_KEYS = ("input_ids", "labels", "loss_mask")
 
 
-def _micro_split(batch: dict, microbatches: int) -> dict:
+def micro_split(batch: dict, microbatches: int) -> dict:
     """[B, S] arrays → [mb, B/mb, S] (micro-batch k = rows k, k+mb, …, so each stays spread over devices)."""
     def split(x):
         x = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:])
@@ -33,18 +36,25 @@ def _micro_split(batch: dict, microbatches: int) -> dict:
     return {k: split(batch[k]) for k in BATCH_KEYS}
 
 
+def context_blocks() -> int:
+    """Blocks of the sequence dim that live on different devices under the active GSPMD mesh (its context axis)."""
+    mesh = active_mesh()
+    return 1 if mesh is None or in_manual_region() else int(mesh.shape["context"])
+
+
+def micro_loss(graphdef, params, biases, mb: dict, config: ml_collections.ConfigDict):
+    """(summed objective, (LossSums, MoEStats)) of one (micro)batch; differentiate w.r.t. `params`."""
+    model = nnx.merge(graphdef, params, biases)
+    h, stats = model.hidden_states(sharding.constrain_batch(mb["input_ids"]),
+                                   context_layout=config.mesh.context_layout)
+    sums = chunked_loss_sums(h, model.logits, mb["labels"], mb["loss_mask"], config.train.loss_chunk,
+                             context_blocks())
+    return objective(sums, config.train.z_loss), (sums, stats)
+
+
 def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections.ConfigDict):
     """Summed objective gradients over micro-batches. Returns (LossSums, grads (unnormalised), counts, dropped)."""
-    z_loss = config.train.z_loss
-
-    def micro_loss(p, mb):
-        model = nnx.merge(graphdef, p, biases)
-        out = model.forward(sharding.constrain_batch(mb["input_ids"]),
-                            context_layout=config.mesh.get("context_layout", "contiguous"))
-        sums = lm_loss_sums(out.logits, mb["labels"], mb["loss_mask"])
-        return objective(sums, z_loss), (sums, out.stats)
-
-    grad_fn = jax.grad(micro_loss, has_aux=True)
+    grad_fn = jax.grad(lambda p, mb: micro_loss(graphdef, p, biases, mb, config), has_aux=True)
     if config.train.microbatches == 1:
         grads, (sums, stats) = grad_fn(params, batch)
         return sums, grads, stats.counts, stats.dropped
@@ -56,38 +66,54 @@ def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections
         sums_acc = jax.tree.map(jnp.add, sums_acc, sums)
         return (acc, sums_acc, counts + stats.counts, dropped + stats.dropped), None
 
-    m = config.model
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    init = (zeros, LossSums(*(jnp.zeros((), jnp.float32),) * 3),
-            jnp.zeros((m.num_layers, m.num_experts + 1), jnp.int32), jnp.zeros((m.num_layers,), jnp.int32))
-    (grads, sums, counts, dropped), _ = jax.lax.scan(body, init, _micro_split(batch, config.train.microbatches))
+    (grads, sums, counts, dropped), _ = jax.lax.scan(body, (zeros, *zero_stats(config)),
+                                                     micro_split(batch, config.train.microbatches))
     return sums, grads, counts, dropped
+
+
+def zero_stats(config: ml_collections.ConfigDict) -> tuple[LossSums, jax.Array, jax.Array]:
+    """Zero LossSums, counts [L, E+1] and dropped [L]: the start of a micro-batch accumulation."""
+    m = config.model
+    return (LossSums(*(jnp.zeros((), jnp.float32),) * 3), jnp.zeros((m.num_layers, m.num_experts + 1), jnp.int32),
+            jnp.zeros((m.num_layers,), jnp.int32))
+
+
+def balance_and_metrics(biases, bal_state, sums: LossSums, counts: jax.Array, dropped: jax.Array,
+                        grad_norm: jax.Array, config: ml_collections.ConfigDict, lr: jax.Array | None):
+    """The balancing-controller update from the global counts [L, E+1] and the step's metrics.
+    Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1] arrays)."""
+    bal_metrics = balancing.load_metrics(counts)
+    if config.balancing.enabled:
+        old = jax.tree.leaves(biases)[0]
+        new_bias, bal_state, bal_metrics = balancing.update_biases(bal_state, counts, config.balancing)
+        biases = jax.tree.map(lambda _: new_bias.astype(old.dtype), biases)
+    n = jnp.maximum(sums.tokens, 1.0)
+    metrics = {
+        "loss": sums.ce / n,
+        "z_loss": sums.z / n,
+        "tokens": sums.tokens,
+        "grad_norm": grad_norm,
+        "dropped_fraction": balancing.dropped_fraction(dropped, counts),
+        **bal_metrics,
+    }
+    if lr is not None:
+        metrics["lr"] = lr
+    return biases, bal_state, metrics
 
 
 def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTransformation,
                config: ml_collections.ConfigDict, lr_fn: Callable | None = None):
-    """One optimizer step on the global batch. Returns (new state, metrics dict of scalars / [L] arrays)."""
+    """One optimizer step on the global batch (GSPMD: `fsdp` / `replicated` parameter sharding).
+    Returns (new state, metrics)."""
     sums, grads, counts, dropped = loss_and_grads(graphdef, state.params, state.biases, batch, config)
     n = jnp.maximum(sums.tokens, 1.0)
     grads = jax.tree.map(lambda g, p: (g / n).astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    biases, bal_state = state.biases, state.balancing
-    bal_metrics = balancing.load_metrics(counts)
-    if config.balancing.enabled:
-        old = jax.tree.leaves(state.biases)[0]
-        new_bias, bal_state, bal_metrics = balancing.update_biases(bal_state, counts, config.balancing)
-        biases = jax.tree.map(lambda _: new_bias.astype(old.dtype), state.biases)
-    metrics = {
-        "loss": sums.ce / n,
-        "z_loss": sums.z / n,
-        "tokens": sums.tokens,
-        "grad_norm": optax.tree.norm(grads),
-        "dropped_fraction": balancing.dropped_fraction(dropped, counts),
-        **bal_metrics,
-    }
-    if lr_fn is not None:
-        metrics["lr"] = lr_fn(state.step)
+    biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, sums, counts, dropped,
+                                                     optax.tree.norm(grads), config,
+                                                     None if lr_fn is None else lr_fn(state.step))
     return TrainState(state.step + 1, params, opt_state, biases, bal_state), metrics
 
 

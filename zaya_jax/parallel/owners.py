@@ -1,0 +1,177 @@
+"""ZeRO-1 owner layouts: which device keeps and updates which part of the optimizer state (arXiv 2511.17127 §2:
+data parallelism with a distributed optimizer and a distributed Muon; docs/parallelism.md).
+
+Every parameter is replicated over some mesh axes (all of them, or all but `expert` for routed experts under
+expert parallelism). Those axes form the parameter's *group*; the group's n devices split its optimizer work:
+
+* `SlotLayout` — Muon matrices, kept whole. The matrices of one layer are packed first-fit-decreasing into bins
+  of S elements (S = the largest matrix of the group; small matrices share a bin), the same pattern for every
+  layer. Bins are numbered layer-major; device d owns the s = ceil(L·B / n) consecutive bins
+  [d·s, (d+1)·s) — its *slots* (the list is padded with empty bins). The owner keeps a bin's momentum and
+  fp32 master weights and runs Newton–Schulz on its matrices; nobody else touches them. Every device runs the
+  same program: a slot's *type* (its pattern of matrix shapes) selects the branch.
+* `FlatLayout` — elementwise (AdamW) leaves, flattened and concatenated (weight-decayed leaves first), padded to
+  n·C elements; device d owns elements [d·C, (d+1)·C).
+
+Everything here is static (plain Python/NumPy from shapes): it works for any device count, not only divisors
+of the layer or expert count.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+EMPTY = -1  # slot type of a padding bin
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    """One Muon matrix per layer: `leaf[l][index]` is [rows, cols] (split: column half `half` of the leaf)."""
+
+    leaf: str  # parameter path name
+    index: tuple[int, ...]  # index into the per-layer sub-array's leading dims
+    rows: int
+    cols: int
+    half: int | None = None  # gate | up split of a fused [.., rows, 2·cols] kernel: 0 or 1
+
+    @property
+    def size(self) -> int:
+        return self.rows * self.cols
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    matrix: Matrix
+    offset: int  # first element inside the bin
+
+
+def ns_flops(rows: int, cols: int, steps: int) -> float:
+    """Newton–Schulz FLOPs of one [rows, cols] matrix: per iteration X·Xᵀ (2m²n), A·A (2m³), B·X (2m²n)."""
+    m, n = min(rows, cols), max(rows, cols)
+    return float(steps * (4 * m * m * n + 2 * m ** 3))
+
+
+def _pack_bins(matrices: list[Matrix], capacity: int) -> list[tuple[Segment, ...]]:
+    """First-fit decreasing of one layer's matrices into bins of `capacity` elements (stable for equal sizes)."""
+    bins: list[list[Segment]] = []
+    used: list[int] = []
+    for mat in sorted(matrices, key=lambda m: -m.size):
+        for i, u in enumerate(used):
+            if u + mat.size <= capacity:
+                bins[i].append(Segment(mat, u))
+                used[i] += mat.size
+                break
+        else:
+            bins.append([Segment(mat, 0)])
+            used.append(mat.size)
+    return [tuple(b) for b in bins]
+
+
+def bin_type(segments: tuple[Segment, ...]) -> tuple:
+    """What the update program of a bin depends on: its segments' (rows, cols, offset) — not which leaf or
+    layer the matrices come from (gate, up and down of ZAYA1's experts share one type)."""
+    return tuple((s.matrix.rows, s.matrix.cols, s.offset) for s in segments)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotLayout:
+    """Muon matrices of one group (module docstring). `bins` is the per-layer pattern."""
+
+    num_layers: int
+    devices: int  # n: devices in the group
+    bin_size: int  # S
+    bins: tuple[tuple[Segment, ...], ...]  # B bins per layer
+    types: tuple[tuple, ...]  # distinct bin types; `bin_types[i]` indexes into it
+
+    @classmethod
+    def build(cls, matrices: list[Matrix], num_layers: int, devices: int) -> "SlotLayout":
+        size = max((m.size for m in matrices), default=0)
+        bins = tuple(_pack_bins(matrices, size)) if matrices else ()
+        types = tuple(dict.fromkeys(bin_type(b) for b in bins))
+        return cls(num_layers, devices, size, bins, types)
+
+    @property
+    def bins_per_layer(self) -> int:
+        return len(self.bins)
+
+    @property
+    def num_bins(self) -> int:
+        return self.num_layers * self.bins_per_layer
+
+    @property
+    def slots(self) -> int:
+        """s: bins per device (0 when the group has no Muon matrix)."""
+        return -(-self.num_bins // self.devices) if self.num_bins else 0
+
+    @property
+    def rows(self) -> int:
+        """n·s: rows of the group's slot arrays (≥ L·B; the rest are empty bins)."""
+        return self.devices * self.slots
+
+    @property
+    def bin_types(self) -> tuple[int, ...]:
+        return tuple(self.types.index(bin_type(b)) for b in self.bins)
+
+    def row_types(self) -> np.ndarray:
+        """[n, s] int32 type of every slot (EMPTY for padding); device d's slots are row d."""
+        per_layer = np.asarray(self.bin_types, np.int32)
+        types = np.full(self.rows, EMPTY, np.int32)
+        types[:self.num_bins] = np.tile(per_layer, self.num_layers)
+        return types.reshape(self.devices, self.slots)
+
+    def ns_flops_per_device(self, steps: int) -> np.ndarray:
+        """[n] Newton–Schulz FLOPs each device runs per optimizer step (its owned matrices)."""
+        cost = [sum(ns_flops(s.matrix.rows, s.matrix.cols, steps) for s in b) for b in self.bins]
+        per_row = np.zeros(self.rows)
+        per_row[:self.num_bins] = np.tile(cost, self.num_layers)
+        return per_row.reshape(self.devices, self.slots).sum(axis=1)
+
+    def padding_fraction(self) -> float:
+        """Fraction of the slot arrays that hold no matrix (empty bins and unused bin tails)."""
+        used = self.num_layers * sum(s.matrix.size for b in self.bins for s in b)
+        return 1.0 - used / max(self.rows * self.bin_size, 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatLayout:
+    """Elementwise leaves of one group (module docstring): `leaves` in storage order, decayed ones first."""
+
+    devices: int
+    leaves: tuple[tuple[str, int], ...]  # (path name, local element count)
+    decayed: int  # elements [0, decayed) get weight decay
+
+    @classmethod
+    def build(cls, leaves: list[tuple[str, int, bool]], devices: int) -> "FlatLayout":
+        order = [x for x in leaves if x[2]] + [x for x in leaves if not x[2]]
+        return cls(devices, tuple((name, size) for name, size, _ in order), sum(x[1] for x in leaves if x[2]))
+
+    @property
+    def size(self) -> int:
+        return sum(size for _, size in self.leaves)
+
+    @property
+    def chunk(self) -> int:
+        """C: elements per device (0 when the group has no elementwise leaf)."""
+        return -(-self.size // self.devices) if self.size else 0
+
+    @property
+    def padded(self) -> int:
+        return self.devices * self.chunk
+
+
+def describe(slots: SlotLayout, flat: FlatLayout, steps: int) -> dict:
+    """Numbers for logs and the planner: slots per device, padding, NS balance (max / mean per device)."""
+    load = slots.ns_flops_per_device(steps) if slots.num_bins else np.zeros(1)
+    mean = float(load.mean()) if load.size else 0.0
+    return {"devices": slots.devices, "bins_per_layer": slots.bins_per_layer, "slots_per_device": slots.slots,
+            "bin_types": len(slots.types), "slot_padding": slots.padding_fraction(),
+            "ns_max_over_mean": float(load.max()) / mean if mean else 1.0,
+            "flat_elements": flat.size, "flat_chunk": flat.chunk,
+            "flat_padding": 1.0 - flat.size / max(flat.padded, 1)}
+
+
+def group_devices(sizes: dict[str, int], axes: tuple[str, ...]) -> int:
+    return math.prod(sizes[a] for a in axes)

@@ -1,0 +1,149 @@
+"""The ZeRO-1 optimizer update on one device, inside the train step's `shard_map` over all mesh axes
+(arXiv 2511.17127 §2: ZeRO-1 distributed optimizer, distributed Muon; docs/parallelism.md).
+
+Per group (`zaya_jax.train.zero1`), with n devices, s owner slots of S elements and C flat elements each:
+
+1. `reduce_scatter`: the locally summed gradients, packed in the owner layout ([n·s, S] Muon slots and
+   [n·C] AdamW elements, in `train.grad_reduce_dtype`), are reduce-scattered: each device receives the sums
+   of exactly what it owns ([s, S] and [C]);
+2. global-norm clipping (one scalar all-reduce over every device);
+3. `muon_update`: momentum, then Newton–Schulz per owned matrix — a `lax.scan` over the device's slots whose
+   body `lax.switch`es on the slot's type (its pattern of matrix shapes), so a device orthogonalises only
+   matrices it owns and no collective runs inside Newton–Schulz; `adam_update`: AdamW on the owned elements;
+   both with decoupled weight decay and the group's scheduled learning rate, on fp32 master weights;
+4. `all_gather`: the updated master weights, cast to the compute dtype, are all-gathered once.
+
+The math mirrors `zaya_jax.train.optimizer.make_optimizer` (optax's update order and bias corrections), which
+tests use as the single-device reference.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from zaya_jax.parallel.mesh import AXES
+from zaya_jax.parallel.owners import EMPTY, FlatLayout, SlotLayout
+from zaya_jax.train import optimizer as optimizer_lib
+from zaya_jax.train.zero1 import Group, GroupState
+
+
+def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """[n·s, S], [n·C] local partial sums → [s, S], [C] sums over the group's devices of this device's part."""
+    rs = lambda x: jax.lax.psum_scatter(x, group.axes, scatter_dimension=0, tiled=True)  # noqa: E731
+    return (rs(slots) if slots.size else slots), (rs(flat) if flat.size else flat)
+
+
+def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+    """[s, S], [C] owned master weights → [n·s, S], [n·C] everyone's, in `dtype`."""
+    ag = lambda x: jax.lax.all_gather(x.astype(dtype), group.axes, axis=0, tiled=True)  # noqa: E731
+    return (ag(slots) if slots.size else slots.astype(dtype)), (ag(flat) if flat.size else flat.astype(dtype))
+
+
+def group_index(group: Group) -> jax.Array:
+    """This device's index among the group's devices (the order `psum_scatter` / `all_gather` use)."""
+    return jax.lax.axis_index(group.axes)
+
+
+def _bias_correction(moment: jax.Array, decay: float, count: jax.Array) -> jax.Array:
+    return moment / (1 - decay ** count).astype(moment.dtype)
+
+
+def _slot_branches(slots: SlotLayout, o: ml_collections.ConfigDict, dtype) -> list[Callable]:
+    """One update program per slot type (+ one for empty slots): [S] momentum → [S] scaled Muon direction."""
+    def branch(kind: tuple) -> Callable:
+        def direction(m: jax.Array) -> jax.Array:
+            parts, end = [], 0
+            for rows, cols, offset in kind:
+                x = m[offset:offset + rows * cols].reshape(rows, cols)
+                u = optimizer_lib.orthogonalize(x, ns_steps=int(o.muon_ns_steps), dtype=dtype)
+                scale = optimizer_lib.shape_scale(rows, cols, float(o.muon_consistent_rms))
+                parts.append((u * scale).reshape(-1))
+                end = offset + rows * cols
+            parts.append(jnp.zeros((m.shape[0] - end,), m.dtype))
+            return jnp.concatenate(parts)
+        return direction
+
+    return [branch(kind) for kind in slots.types] + [jnp.zeros_like]
+
+
+def muon_update(slots: SlotLayout, types: jax.Array, state: GroupState, grads: jax.Array, count: jax.Array,
+                lr: jax.Array, o: ml_collections.ConfigDict, dtype) -> tuple[jax.Array, jax.Array]:
+    """Owned Muon slots: grads [s, S] fp32, types [s] → (new master [s, S], new momentum [s, S])."""
+    beta = float(o.muon_momentum)
+    mom = (1 - beta) * grads + beta * state.momentum
+    if o.muon_nesterov:
+        m_hat = beta * _bias_correction(mom, beta, count + 1) + (1 - beta) * _bias_correction(grads, beta, count)
+    else:
+        m_hat = _bias_correction(mom, beta, count)
+    branches = _slot_branches(slots, o, dtype)
+    which = jnp.where(types == EMPTY, len(branches) - 1, types)
+
+    def one(_, xs):
+        t, m = xs
+        return None, jax.lax.switch(t, branches, m)
+
+    _, direction = jax.lax.scan(one, None, (which, m_hat))
+    master = state.master_slots
+    if o.weight_decay > 0:
+        direction = direction + float(o.weight_decay) * master
+    return master + (-lr) * direction, mom
+
+
+def adam_update(flat: FlatLayout, index: jax.Array, state: GroupState, grads: jax.Array, count: jax.Array,
+                lr: jax.Array, o: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Owned AdamW elements: grads [C] fp32 → (new master, mu, nu), each [C]."""
+    b1, b2 = float(o.adam_b1), float(o.adam_b2)
+    mu = (1 - b1) * grads + b1 * state.adam_mu
+    nu = (1 - b2) * grads * grads + b2 * state.adam_nu
+    u = _bias_correction(mu, b1, count) / (jnp.sqrt(_bias_correction(nu, b2, count)) + float(o.adam_eps))
+    master = state.master_flat
+    if o.weight_decay > 0 and flat.decayed:
+        decayed = index * flat.chunk + jnp.arange(flat.chunk) < flat.decayed
+        u = u + jnp.where(decayed, float(o.weight_decay) * master, 0.0)
+    return master + (-lr) * u, mu, nu
+
+
+def clip_scale(sq_norm_local: jax.Array, max_norm: float) -> tuple[jax.Array, jax.Array]:
+    """(global gradient norm, factor to multiply the gradients by) from this device's Σ g² of what it owns."""
+    norm = jnp.sqrt(jax.lax.psum(sq_norm_local, AXES))
+    if max_norm <= 0:
+        return norm, jnp.ones((), jnp.float32)
+    return norm, jnp.where(norm < max_norm, 1.0, max_norm / norm)
+
+
+def update(groups: tuple[Group, ...], states: tuple[GroupState, ...], grads: list[tuple[jax.Array, jax.Array]],
+           count: jax.Array, lrs: dict[str, Callable], o: ml_collections.ConfigDict, dtype
+           ) -> tuple[tuple[GroupState, ...], jax.Array]:
+    """Clip, then update every group's owned state. grads: per group (slots [s, S], flat [C]) fp32 means;
+    count: updates so far (the schedules' step). Returns (new local group states, global norm before clipping)."""
+    sq = sum(jnp.sum(s * s) + jnp.sum(f * f) for s, f in grads)
+    norm, factor = clip_scale(jnp.asarray(sq, jnp.float32), float(o.grad_clip_norm))
+    new_count = count + 1
+    lr_muon, lr_adam = lrs["muon"](count), lrs["adam"](count)
+    out = []
+    for group, state, (g_slots, g_flat) in zip(groups, states, grads):
+        index = group_index(group)
+        master_slots, momentum = state.master_slots, state.momentum
+        if group.slots.num_bins:
+            types = jnp.asarray(group.slots.row_types())[index]
+            master_slots, momentum = muon_update(group.slots, types, state, g_slots * factor, new_count, lr_muon,
+                                                 o, dtype)
+        master_flat, mu, nu = state.master_flat, state.adam_mu, state.adam_nu
+        if group.flat.size:
+            master_flat, mu, nu = adam_update(group.flat, index, state, g_flat * factor, new_count, lr_adam, o)
+        out.append(GroupState(master_slots, momentum, master_flat, mu, nu))
+    return tuple(out), norm
+
+
+def local_group_state(state: GroupState) -> GroupState:
+    """Inside the step's shard_map the [O, rows, ...] arrays arrive as [1, s, ...]: drop the outer dim."""
+    return GroupState(*(x[0] for x in state))
+
+
+def global_group_state(state: GroupState) -> GroupState:
+    return GroupState(*(x[None] for x in state))
+

@@ -1,0 +1,401 @@
+"""ZeRO-1 state: replicated compute-dtype parameters, and fp32 master weights + optimizer state split over the
+devices by owner layouts (`zaya_jax.parallel.owners`; arXiv 2511.17127 §2; docs/parallelism.md).
+
+    Zero1State.params   nnx.State in the compute dtype (`model.dtype`): what forward/backward read, replicated
+                        (routed experts split over `expert` under expert parallelism)
+    Zero1State.groups   per group (the devices a parameter is replicated over), global arrays split over those
+                        devices along dim 1:
+                          master_slots, momentum  [O, n·s, S] fp32   Muon matrices in owner slots
+                          master_flat, adam_mu, adam_nu  [O, n·C] fp32   AdamW leaves, flattened
+                        O = the number of shards of the group's parameters (expert-axis size for the routed
+                        experts under expert parallelism, else 1).
+
+The layouts depend on the device count, so checkpoints hold the *canonical* form instead — the per-parameter
+`TrainState` of `zaya_jax.train.state` (fp32 params + the optax state of `train.optimizer.make_optimizer`),
+which the other parameter shardings use directly and which Orbax restores onto any mesh. `to_canonical` /
+`from_canonical` convert (jitted; they run at save and restore time only).
+
+`pack_*` / `unpack_*` move between parameter-shaped trees and the layouts. On one device's local arrays
+(inside the train step's `shard_map`) they build the reduce-scatter input and read the all-gather output;
+on global arrays (`*_global`) they convert whole states.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from zaya_jax.keys import leaf_name, path_name
+from zaya_jax.model.layers import dtype_of
+from zaya_jax.model.zaya import STACKED_AXIS
+from zaya_jax.parallel import sharding
+from zaya_jax.parallel.mesh import AXES
+from zaya_jax.parallel.owners import FlatLayout, Matrix, SlotLayout
+from zaya_jax.train import optimizer as optimizer_lib
+from zaya_jax.train.state import TrainState
+
+Arrays = dict[str, jax.Array]  # parameter path name → array
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Parameters replicated over `axes` (the devices that split their optimizer work) and split over `outer`."""
+
+    axes: tuple[str, ...]
+    outer: tuple[str, ...]
+    num_outer: int
+    slots: SlotLayout
+    flat: FlatLayout
+
+    def spec(self, ndim: int) -> P:
+        """Spec of the group's [O, rows, (S)] state arrays."""
+        return P(self.outer or None, self.axes, *([None] * (ndim - 2)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Zero1Layout:
+    groups: tuple[Group, ...]
+    specs: dict  # name → parameter PartitionSpec
+    shapes: dict  # name → global shape
+    compute_dtype: Any
+    param_dtype: Any
+
+    def local_shape(self, name: str, sizes: dict[str, int]) -> tuple[int, ...]:
+        return tuple(d // math.prod(sizes[a] for a in _axes_of(e)) for d, e in
+                     zip(self.shapes[name], list(self.specs[name]) + [None] * len(self.shapes[name])))
+
+
+def _axes_of(entry) -> tuple[str, ...]:
+    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def named_leaves(tree: Any) -> list[tuple[str, Any]]:
+    """[(path name, leaf)] of a parameter-shaped tree (NNX variables unwrapped to their values)."""
+    return [(path_name(p), x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def fill(template: Any, values: Arrays) -> Any:
+    """`template` (parameter-shaped, e.g. an nnx.State) with every leaf replaced by `values[its name]`."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: values[path_name(p)], template)
+
+
+def _matrices(name: str, shape: tuple[int, ...], split: bool) -> list[Matrix]:
+    *lead, rows, cols = shape[1:]
+    halves = (0, 1) if split else (None,)
+    return [Matrix(name, idx, rows, cols // 2 if split else cols, h)
+            for idx in np.ndindex(*lead) for h in halves]
+
+
+def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any) -> Zero1Layout:
+    """Owner layouts of every group for `abs_params` (an abstract nnx.State of the model's parameters)."""
+    o, sizes = config.optimizer, dict(mesh.shape)
+    labels = dict(named_leaves(optimizer_lib.param_labels(abs_params, muon_conv=bool(o.muon_conv))))
+    decay = dict(named_leaves(optimizer_lib.decay_mask(abs_params, decay_embedding=bool(o.decay_embedding),
+                                                       muon_conv=bool(o.muon_conv))))
+    is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
+    specs, shapes, members = {}, {}, {}
+    for path, var in jax.tree_util.tree_flatten_with_path(abs_params, is_leaf=is_var)[0]:
+        name, shape = path_name(path), tuple(var.get_value().shape)
+        names = sharding.logical_axes(var, name)
+        specs[name], shapes[name] = sharding.param_spec(names, shape, mesh, "zero1"), shape
+        outer = tuple(a for e in specs[name] for a in _axes_of(e))
+        members.setdefault(outer, []).append((name, names))
+    layout = Zero1Layout((), specs, shapes, dtype_of(config.model.dtype), dtype_of(config.model.param_dtype))
+    groups = []
+    for outer, leaves in members.items():
+        axes = tuple(a for a in AXES if a not in outer)
+        n = math.prod(sizes[a] for a in axes)
+        matrices, flat, layers = [], [], None
+        for name, names in leaves:
+            local = layout.local_shape(name, sizes)
+            if labels[name] == "muon":
+                if names[0] != STACKED_AXIS or len(local) < 3:
+                    raise ValueError(f"Muon parameter {name} {local} must be a per-layer stack of matrices")
+                layers = local[0]
+                split = bool(o.muon_split_gate_up) and leaf_name_of(name) == optimizer_lib.SPLIT_LEAF
+                matrices += _matrices(name, local, split)
+            else:
+                flat.append((name, math.prod(local), bool(decay[name])))
+        groups.append(Group(axes, outer, math.prod(sizes[a] for a in outer),
+                            SlotLayout.build(matrices, layers or 0, n), FlatLayout.build(flat, n)))
+    return dataclasses.replace(layout, groups=tuple(groups))
+
+
+def leaf_name_of(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+# ----------------------------------------------------------------------------- local pack / unpack
+
+
+def pack_slots(slots: SlotLayout, leaves: Arrays, dtype) -> jax.Array:
+    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [n·s, S] in `dtype`."""
+    if not slots.num_bins:
+        return jnp.zeros((0, 0), dtype)
+    num_layers, size = slots.num_layers, slots.bin_size
+    columns = []
+    for segments in slots.bins:
+        parts = []
+        for seg in segments:
+            m = seg.matrix
+            x = leaves[m.leaf][(slice(None), *m.index)]  # [L, rows, cols (× 2 when split)]
+            if m.half is not None:
+                x = x[..., m.half * m.cols:(m.half + 1) * m.cols]
+            parts.append(x.reshape(num_layers, m.size).astype(dtype))
+        used = sum(seg.matrix.size for seg in segments)
+        if used < size:
+            parts.append(jnp.zeros((num_layers, size - used), dtype))
+        columns.append(jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+    rows = jnp.stack(columns, axis=1).reshape(slots.num_bins, size)
+    return jnp.pad(rows, ((0, slots.rows - slots.num_bins), (0, 0)))
+
+
+def unpack_slots(slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]]) -> Arrays:
+    """Inverse of `pack_slots`: [n·s, S] → {name: [L, ...] local leaf} (dtype of `rows`)."""
+    if not slots.num_bins:
+        return {}
+    num_layers = slots.num_layers
+    bins = rows[:slots.num_bins].reshape(num_layers, slots.bins_per_layer, slots.bin_size)
+    pieces: dict[str, dict] = {}
+    for i, segments in enumerate(slots.bins):
+        for seg in segments:
+            m = seg.matrix
+            x = bins[:, i, seg.offset:seg.offset + m.size].reshape(num_layers, m.rows, m.cols)
+            pieces.setdefault(m.leaf, {})[(m.index, m.half)] = x
+    out = {}
+    for name, parts in pieces.items():
+        shape = shapes[name]
+        mats = []
+        for idx in np.ndindex(*shape[1:-2]):
+            if (idx, None) in parts:
+                mats.append(parts[(idx, None)])
+            else:
+                mats.append(jnp.concatenate([parts[(idx, 0)], parts[(idx, 1)]], axis=-1))
+        out[name] = jnp.stack(mats, axis=1).reshape(shape)
+    return out
+
+
+def pack_flat(flat: FlatLayout, leaves: Arrays, dtype) -> jax.Array:
+    """Elementwise leaves of one group (local) → [n·C] in `dtype` (decayed leaves first, zero padding)."""
+    if not flat.size:
+        return jnp.zeros((0,), dtype)
+    parts = [leaves[name].reshape(-1).astype(dtype) for name, _ in flat.leaves]
+    return jnp.pad(jnp.concatenate(parts), (0, flat.padded - flat.size))
+
+
+def unpack_flat(flat: FlatLayout, vec: jax.Array, shapes: dict[str, tuple[int, ...]]) -> Arrays:
+    out, start = {}, 0
+    for name, size in flat.leaves:
+        out[name] = vec[start:start + size].reshape(shapes[name])
+        start += size
+    return out
+
+
+def local_shapes(layout: Zero1Layout, group: Group, sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    names = [s.matrix.leaf for b in group.slots.bins for s in b] + [n for n, _ in group.flat.leaves]
+    return {n: layout.local_shape(n, sizes) for n in names}
+
+
+# ----------------------------------------------------------------------------- global conversions
+
+
+def _split_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> jax.Array:
+    """Global leaf → [O, *local shape]: its `outer`-sharded dimension split into O blocks moved to the front."""
+    if not group.outer:
+        return x[None]
+    dim = next(d for d, e in enumerate(layout.specs[name]) if _axes_of(e))
+    shape = list(x.shape)
+    x = x.reshape(*shape[:dim], group.num_outer, shape[dim] // group.num_outer, *shape[dim + 1:])
+    return jnp.moveaxis(x, dim, 0)
+
+
+def _merge_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> jax.Array:
+    if not group.outer:
+        return x[0]
+    dim = next(d for d, e in enumerate(layout.specs[name]) if _axes_of(e))
+    x = jnp.moveaxis(x, 0, dim)
+    return x.reshape(*x.shape[:dim], x.shape[dim] * x.shape[dim + 1], *x.shape[dim + 2:])
+
+
+def pack_global(layout: Zero1Layout, sizes: dict[str, int], values: Arrays, dtype=jnp.float32
+                ) -> tuple[tuple[jax.Array, jax.Array], ...]:
+    """Global parameter-shaped arrays → per group (slots [O, n·s, S], flat [O, n·C])."""
+    out = []
+    for group in layout.groups:
+        shapes = local_shapes(layout, group, sizes)
+        split = {n: _split_outer(layout, n, values[n], group) for n in shapes}
+        slots = jax.vmap(lambda v: pack_slots(group.slots, v, dtype))(split)
+        flat = jax.vmap(lambda v: pack_flat(group.flat, v, dtype))(split)
+        out.append((slots, flat))
+    return tuple(out)
+
+
+def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
+    """Inverse of `pack_global` (dtype of the packed arrays)."""
+    values: Arrays = {}
+    for group, (slots, flat) in zip(layout.groups, packed):
+        shapes = local_shapes(layout, group, sizes)
+        parts = jax.vmap(lambda s, f: {**unpack_slots(group.slots, s, shapes),
+                                       **unpack_flat(group.flat, f, shapes)})(slots, flat)
+        values.update({n: _merge_outer(layout, n, x, group) for n, x in parts.items()})
+    return values
+
+
+class GroupState(NamedTuple):
+    master_slots: jax.Array  # [O, n·s, S] fp32
+    momentum: jax.Array  # [O, n·s, S] fp32 (Muon)
+    master_flat: jax.Array  # [O, n·C] fp32
+    adam_mu: jax.Array  # [O, n·C] fp32
+    adam_nu: jax.Array  # [O, n·C] fp32
+
+
+class Zero1State(NamedTuple):
+    step: jax.Array  # [] int32 optimizer steps taken
+    params: Any  # nnx.State in the compute dtype
+    groups: tuple[GroupState, ...]
+    count: jax.Array  # [] int32 optimizer updates (bias corrections of Muon's momentum and AdamW's moments)
+    biases: Any  # nnx.State of BalancingBias
+    balancing: Any  # balancing.BalancingState
+
+
+def state_specs(layout: Zero1Layout, abs_state: Zero1State, mesh: Mesh) -> Zero1State:
+    replicated = lambda tree: jax.tree.map(lambda _: P(), tree)  # noqa: E731
+    groups = tuple(GroupState(*(g.spec(x.ndim) for x in gs)) for g, gs in zip(layout.groups, abs_state.groups))
+    return Zero1State(P(), sharding.tree_specs(abs_state.params, mesh, "zero1", "param"), groups, P(),
+                      replicated(abs_state.biases), replicated(abs_state.balancing))
+
+
+def _optax_moments(opt_state: Any) -> tuple[Arrays, Arrays, Arrays, jax.Array]:
+    """(Muon momentum, Adam mu, Adam nu) by parameter name, and the update count, from the optax state."""
+    muon, mu, nu, counts = {}, {}, {}, []
+
+    def visit(node):
+        if isinstance(node, optimizer_lib.MuonState):
+            muon.update(_unmasked(node.mu))
+            counts.append(node.count)
+        elif isinstance(node, optax.ScaleByAdamState):
+            mu.update(_unmasked(node.mu))
+            nu.update(_unmasked(node.nu))
+            counts.append(node.count)
+        elif isinstance(node, optax.ScaleByScheduleState):
+            counts.append(node.count)
+        return node
+
+    jax.tree.map(visit, opt_state, is_leaf=_is_moment_state)
+    return muon, mu, nu, counts[0] if counts else jnp.zeros((), jnp.int32)
+
+
+def _is_moment_state(x) -> bool:
+    return isinstance(x, (optimizer_lib.MuonState, optax.ScaleByAdamState, optax.ScaleByScheduleState))
+
+
+def _unmasked(tree: Any) -> Arrays:
+    return dict(named_leaves(tree))  # optax.MaskedNode has no leaves
+
+
+def _with_moments(template: Any, muon: Arrays, mu: Arrays, nu: Arrays, count: jax.Array) -> Any:
+    """The optax state `template` (abstract) with its moment trees and counts filled in."""
+    def put(tree, values):
+        return jax.tree_util.tree_map_with_path(lambda p, _: values[path_name(p)], tree)
+
+    def visit(node):
+        if isinstance(node, optimizer_lib.MuonState):
+            return optimizer_lib.MuonState(count, put(node.mu, muon))
+        if isinstance(node, optax.ScaleByAdamState):
+            return optax.ScaleByAdamState(count, put(node.mu, mu), put(node.nu, nu))
+        if isinstance(node, optax.ScaleByScheduleState):  # the learning-rate schedules' step
+            return optax.ScaleByScheduleState(count)
+        raise ValueError(f"zero1: optimizer state {type(node).__name__} has no ZeRO-1 counterpart")
+
+    return jax.tree.map(visit, template, is_leaf=_is_moment_state)
+
+
+def from_canonical(layout: Zero1Layout, sizes: dict[str, int], canonical: TrainState) -> Zero1State:
+    """Canonical per-parameter TrainState (global arrays) → Zero1State (trace under jit with out shardings)."""
+    params = dict(named_leaves(canonical.params))
+    muon, mu, nu, count = _optax_moments(canonical.opt_state)
+    zeros = {n: jnp.zeros(x.shape, jnp.float32) for n, x in params.items()}
+    master = pack_global(layout, sizes, params)
+    moments = pack_global(layout, sizes, {**zeros, **muon})
+    adam = (pack_global(layout, sizes, {**zeros, **mu}), pack_global(layout, sizes, {**zeros, **nu}))
+    groups = tuple(GroupState(m[0], mo[0], m[1], a_mu[1], a_nu[1])
+                   for m, mo, a_mu, a_nu in zip(master, moments, *adam))
+    compute = jax.tree.map(lambda x: x.astype(layout.compute_dtype), canonical.params)
+    return Zero1State(canonical.step, compute, groups, jnp.asarray(count, jnp.int32), canonical.biases,
+                      canonical.balancing)
+
+
+def to_canonical(layout: Zero1Layout, sizes: dict[str, int], state: Zero1State, opt_template: Any) -> TrainState:
+    """Zero1State → canonical TrainState (params in `model.param_dtype`, the optax state of `make_optimizer`)."""
+    master = unpack_global(layout, sizes, [(g.master_slots, g.master_flat) for g in state.groups])
+    muon = unpack_global(layout, sizes, [(g.momentum, g.master_flat) for g in state.groups])
+    mu = unpack_global(layout, sizes, [(g.master_slots, g.adam_mu) for g in state.groups])
+    nu = unpack_global(layout, sizes, [(g.master_slots, g.adam_nu) for g in state.groups])
+    params = fill(state.params, {n: x.astype(layout.param_dtype) for n, x in master.items()})
+    opt_state = _with_moments(opt_template, muon, mu, nu, state.count)
+    return TrainState(state.step, params, opt_state, state.biases, state.balancing)
+
+
+def named_shardings(mesh: Mesh, specs: Any) -> Any:
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
+
+
+# ----------------------------------------------------------------------------- creation
+
+
+class Zero1Setup:
+    """Everything the ZeRO-1 step and its checkpoints need besides the state itself."""
+
+    def __init__(self, layout: Zero1Layout, sizes: dict, shardings: Zero1State, canonical_shardings: TrainState,
+                 abstract_canonical: TrainState):
+        self.layout, self.sizes = layout, sizes  # owner layouts; mesh axis sizes
+        self.shardings = shardings  # NamedShardings of the Zero1State
+        self.canonical_shardings = canonical_shardings  # of the per-parameter TrainState (checkpoints)
+        self.abstract_canonical = abstract_canonical  # ShapeDtypeStructs with shardings (Orbax restore target)
+        self._to = jax.jit(lambda s: to_canonical(layout, sizes, s, abstract_canonical.opt_state),
+                           out_shardings=canonical_shardings)
+        self._from = jax.jit(lambda c: from_canonical(layout, sizes, c), out_shardings=shardings)
+
+    def to_canonical(self, state: Zero1State) -> TrainState:
+        return self._to(state)
+
+    def from_canonical(self, canonical: TrainState) -> Zero1State:
+        return self._from(canonical)
+
+
+def zero1_setup(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation
+                ) -> tuple[Any, Zero1Setup, Zero1State]:
+    """(graphdef, setup, abstract Zero1State with shardings) for `config` on `mesh` — nothing is allocated."""
+    from zaya_jax.train.state import abstract_train_state
+
+    graphdef, abs_canonical, canonical_shardings = abstract_train_state(config, mesh, tx)
+    layout = build_layout(config, mesh, abs_canonical.params)
+    sizes = dict(mesh.shape)
+    abs_state = jax.eval_shape(lambda c: from_canonical(layout, sizes, c), abs_canonical)
+    shardings = named_shardings(mesh, state_specs(layout, abs_state, mesh))
+    abs_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abs_state, shardings)
+    return graphdef, Zero1Setup(layout, sizes, shardings, canonical_shardings, abs_canonical), abs_state
+
+
+def create_zero1_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation,
+                       model: Any = None) -> tuple[Any, Zero1Setup, Zero1State]:
+    """A fresh (or `model`'s) ZeRO-1 state built directly in its shardings. Returns (graphdef, setup, state)."""
+    from zaya_jax.train.state import canonical_builder, split_model
+
+    graphdef, setup, _ = zero1_setup(config, mesh, tx)
+    build = canonical_builder(config, tx)
+    init = lambda *pb: from_canonical(setup.layout, setup.sizes,  # noqa: E731
+                                      build(nnx.merge(graphdef, *pb) if pb else None))
+    with jax.set_mesh(mesh):
+        fn = jax.jit(init, out_shardings=setup.shardings)
+        state = fn(*split_model(model)[1:]) if model is not None else fn()
+    return graphdef, setup, state
