@@ -5,6 +5,8 @@ Section numbers refer to `shared/spec/zaya1-architecture.md`.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -42,15 +44,40 @@ def const_param(shape: tuple[int, ...], value: float, dtype, axes: tuple[str, ..
     return param(jnp.full(shape, value, dtype=dtype), axes)
 
 
-def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-    """`x @ w` with both operands in the compute dtype and fp32 accumulation (the hardware's mixed-precision
-    GEMM, §9): x [..., K], w [K, N] → [..., N] fp32. Callers cast the result when they need `dtype`."""
-    return jnp.matmul(x.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
-
-
 def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    """`jnp.einsum(spec, a, b)` with compute-dtype operands and fp32 accumulation (fp32 result)."""
-    return jnp.einsum(spec, a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+    """`jnp.einsum(spec, a, b)` as the hardware's mixed-precision GEMM: operands in the compute `dtype`, fp32
+    accumulation and result (§9). The backward GEMMs are mixed-precision too (the fp32 cotangent is cast to
+    `dtype`); plain autodiff would upcast the saved operands and run them in fp32."""
+    return _mixed_einsum(spec, a.astype(dtype), b.astype(dtype))
+
+
+def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
+    """`x @ w` as `einsum`: x [..., K], w [K, N] → [..., N] fp32. Callers cast when they need `dtype`."""
+    return einsum("...k,kn->...n", x, w, dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
+
+
+def _mixed_einsum_fwd(spec, a, b):
+    return _mixed_einsum(spec, a, b), (a, b)
+
+
+def _mixed_einsum_bwd(spec, res, g):
+    """da = g·b over the indices of a, db = a·g over those of b (every index of one operand appears in the other
+    or in the output: no reduction over an operand-only index, true of every einsum in this model)."""
+    a, b = res
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    g = g.astype(a.dtype)
+    da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32).astype(a.dtype)
+    db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32).astype(b.dtype)
+    return da, db
+
+
+_mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, dtype) -> jax.Array:
