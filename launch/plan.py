@@ -161,8 +161,7 @@ def format_projection(r: dict) -> list[str]:
             f"FLOP, {p['hbm_bandwidth'] / 1e12:.1f} TB/s HBM peak); cluster assumptions:",
         *(f"  - {line}" for line in p["assumptions"]),
         f"  - grad_reduce_dtype {s.get('grad_reduce_dtype', 'float32')}, compute dtype {s['dtype']}; "
-        "memory-bound bytes from the analytic model of zaya_jax/projection.py (GEMM and fused-attention "
-        "operands are in the compute term)",
+        "memory-bound bytes from the analytic model of zaya_jax/projection.py",
         f"  compute        {_ms(pr['compute_s'])}  (executed HLO dot FLOPs per device / peak)",
         f"  memory-bound   {_ms(pr['memory_s'])}  for {_fmt_bytes(hb['total']).strip()}: "
         f"{parts({k: v for k, v in hb.items() if k != 'newton_schulz_operands'})} (of "

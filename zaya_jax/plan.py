@@ -215,7 +215,7 @@ def _projections(config: ml_collections.ConfigDict, stats: hlo_stats.HloStats, a
     ideal = projection.project(executed_flops=analytic["hardware"] / n, model_flops=model, tokens=tokens,
                                hbm_bytes=ideal_traffic["total"], collectives=minimum_time, hw=hw, cluster=cluster)
     return {"hardware": hw.name, "peak_flops": hw.peak_bf16_flops, "hbm_bandwidth": hw.hbm_bandwidth,
-            "cluster": dataclasses.asdict(cluster), "assumptions": cluster.describe(),
+            "cluster": dataclasses.asdict(cluster), "assumptions": cluster.describe() + projection.describe(),
             "hbm_bytes": traffic, "hbm_bytes_ideal": ideal_traffic,
             "xla_cpu_hbm_bytes_upper_bound": stats.hbm_bytes,
             "xla_cpu_memory_s_upper_bound": stats.hbm_bytes / (hw.hbm_bandwidth * cluster.hbm_efficiency),

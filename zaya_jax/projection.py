@@ -127,6 +127,15 @@ def layer_bytes_per_token(m: ml_collections.ConfigDict, cf: float = 1.0) -> dict
             "dispatch": 2 * b * h * (1 + cf), "swiglu": 3 * b * i * cf}
 
 
+def describe() -> list[str]:
+    """The assumptions of the analytic byte model, one line each (printed with every plan)."""
+    return [f"elementwise backward = {BACKWARD_FACTOR:g} x forward bytes; remat recomputes the forward once; "
+            "attention in a fused kernel (no S x S logits in HBM); every token routed to an expert",
+            f"fp32 residual stream; gradients accumulated in {8 * ACCUM_DTYPE_BYTES}-bit over micro-batches; "
+            f"master weights and moments {8 * MASTER_BYTES}-bit; Newton-Schulz in {8 * NS_DTYPE_BYTES}-bit",
+            "GEMM operands/outputs (incl. Newton-Schulz beyond its exposed part) are in the compute term"]
+
+
 def recompute_passes(remat: str) -> float:
     return 0.0 if remat == "none" else 1.0
 
@@ -150,8 +159,7 @@ def hbm_traffic(config: ml_collections.ConfigDict, params: Any, num_devices: int
     fwd_bwd = 1.0 + BACKWARD_FACTOR
     labels = jax.tree.leaves(optimizer_lib.param_labels(params, muon_conv=bool(o.muon_conv)))
     leaves = jax.tree.leaves(params)
-    local = sum(math.prod(x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) else x.shape)
-                for x in leaves)
+    local = sum(compute_copy(x, config, n)[0] for x in leaves)  # elements of this device's full gradient
     shard = {k: sum(math.prod(x.shape) for x, lab in zip(leaves, labels) if lab == k) / n for k in ("muon", "adam")}
     clip = bg if o.grad_clip_norm and o.grad_clip_norm > 0 else 0
     common = bg + clip + 2 * MASTER_BYTES + b  # gradient shard (+ norm), master read + write, compute copy
@@ -171,11 +179,14 @@ def hbm_traffic(config: ml_collections.ConfigDict, params: Any, num_devices: int
     return out
 
 
-def _replicas(leaf: Any, num_devices: int) -> tuple[int, int]:
-    """(elements on one device, devices holding the same elements) of an abstract sharded leaf."""
-    shard = leaf.sharding.shard_shape(leaf.shape) if getattr(leaf, "sharding", None) else leaf.shape
-    local = math.prod(shard)
-    return local, max(1, round(num_devices * local / max(math.prod(leaf.shape), 1)))
+def compute_copy(leaf: Any, config: ml_collections.ConfigDict, num_devices: int) -> tuple[int, int]:
+    """(elements of a parameter's compute copy on one device, devices holding the same elements). ZeRO-1
+    replicates parameters for compute except along mesh axis `expert`, which EP uses to shard expert kernels;
+    how the parameter itself is stored (fp32, sharded for ZeRO-1 or FSDP) does not matter here."""
+    spec = getattr(getattr(leaf, "sharding", None), "spec", None) or ()
+    axes = {a for entry in spec if entry for a in (entry if isinstance(entry, tuple) else (entry,))}
+    split = int(config.mesh.expert) if "expert" in axes else 1
+    return math.prod(leaf.shape) // split, max(1, num_devices // split)
 
 
 def zero1_minimum(config: ml_collections.ConfigDict, params: Any, num_devices: int,
@@ -192,7 +203,7 @@ def zero1_minimum(config: ml_collections.ConfigDict, params: Any, num_devices: i
     time = {k: Stage() for k in wire}
     by_replicas: dict[int, int] = {}  # one bucket per replica group (the minimum pays each α once)
     for leaf in jax.tree.leaves(params):
-        local, r = _replicas(leaf, n)
+        local, r = compute_copy(leaf, config, n)
         by_replicas[r] = by_replicas.get(r, 0) + local
     for r, local in by_replicas.items():
         group = range(0, n, n // r)  # replicated: every device; expert kernels: one expert shard's devices
