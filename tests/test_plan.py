@@ -128,6 +128,28 @@ ENTRY %main (i: s32[], a: f32[1000], b: f32[10]) -> f32[10] {
     assert hlo_stats.analyze(text, 1).hbm_bytes == 2 * 4000 + 2 * 40  # the larger branch, not the sum
 
 
+def test_hlo_collectives_count_bf16_payloads_as_bf16():
+    """XLA:CPU widens bf16 collectives to f32 (convert, collective, convert back); an accelerator sends bf16.
+    A gradient reduced in f32 on purpose stays f32."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
+
+    def zero1(g, h):  # f32 reduce-scatter, bf16 all-gather of the updated shard, bf16 all-reduce
+        return (jax.lax.all_gather(jax.lax.psum_scatter(g, "d", tiled=True).astype(jnp.bfloat16), "d", tiled=True),
+                jax.lax.psum(h, "d"))
+
+    def f32_reduce(h):
+        return jax.lax.psum(h.astype(jnp.float32), "d")
+
+    def ops(fn, *args):
+        sm = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P(),) * len(args), out_specs=P(), check_vma=False))
+        stats = hlo_stats.analyze(sm.lower(*args).compile().as_text(), 8)
+        return {op.kind: op.operand_bytes for op, _ in stats.collective_ops}
+
+    g, h = jax.ShapeDtypeStruct((512, 64), jnp.float32), jax.ShapeDtypeStruct((32, 64), jnp.bfloat16)
+    assert ops(zero1, g, h) == {"reduce-scatter": 512 * 64 * 4, "all-gather": 64 * 64 * 2, "all-reduce": 32 * 64 * 2}
+    assert ops(f32_reduce, h) == {"all-reduce": 32 * 64 * 4}
+
+
 def test_shape_bytes_and_fusion_slicing():
     assert hlo_stats.shape_bytes("(bf16[2,3]{1,0}, s32[], pred[4])") == 12 + 4 + 4
     text = """HloModule m

@@ -14,6 +14,9 @@ Group notations XLA prints (all handled by `parse_groups`):
   devices (optionally permuted by the iota `device_ids`) laid out on the named axes; a group = the devices
   that differ only along the braced axes;
 * collective-permute `source_target_pairs={{0,1},{1,2}}` (kept as 2-tuples).
+
+Operand bytes (`payload_bytes`) are counted in the dtype the values really have: XLA:CPU widens bf16
+collectives to f32 (convert → collective → convert back), an accelerator sends bf16.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import math
 import re
 
 import numpy as np
+
+from zaya_jax.hlo_text import ARRAY, DTYPE_BYTES, Instr, shape_bytes
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                "ragged-all-to-all", "collective-broadcast")
@@ -118,3 +123,64 @@ def parse_groups(kind: str, attrs: str, num_devices: int) -> tuple[tuple[int, ..
     if m and m.group(1).strip():
         return _nested(m.group(1))
     return (tuple(range(num_devices)),)
+
+
+_MOVES = ("bitcast", "reshape", "copy", "transpose", "get-tuple-element")  # change no values
+
+
+def _dtype(instr: Instr | None) -> str:
+    m = ARRAY.match(instr.shape) if instr is not None else None
+    return m.group(1) if m else ""
+
+
+def _root(instr: Instr, scope: dict[str, Instr], comps: dict[str, list[Instr]]) -> tuple[Instr | None, dict]:
+    """The value-producing instruction behind `instr` (a fusion's root; bitcasts, copies... looked through)."""
+    callee = re.search(r"calls=%?([\w.\-]+)", instr.attrs) if instr.opcode == "fusion" else None
+    node = instr
+    if callee and callee.group(1) in comps:
+        scope = {i.name: i for i in comps[callee.group(1)]}
+        node = next((i for i in comps[callee.group(1)] if i.root), None)
+    while node is not None and node.opcode in _MOVES and node.operands:
+        node = scope.get(node.operands[0])
+    return node, scope
+
+
+def _converted_to(name: str, dtype: str, instrs: list[Instr], comps: dict[str, list[Instr]]) -> bool:
+    """Every use of `name` in `instrs` converts it to `dtype` (through async -done, moves and fusions)."""
+    users = [(u, name) for u in instrs if name in u.operands]
+    for user, via in users:
+        if user.opcode.endswith("-done") or user.opcode in _MOVES:
+            ok = _converted_to(user.name, dtype, instrs, comps)
+        elif user.opcode == "convert":
+            ok = _dtype(user) == dtype
+        elif user.opcode == "fusion" and (callee := re.search(r"calls=%?([\w.\-]+)", user.attrs)):
+            body = comps.get(callee.group(1), [])
+            param = next((i.name for i in body if i.opcode == "parameter" and i.args == str(user.operands.index(via))),
+                         None)
+            ok = param is not None and _converted_to(param, dtype, body, comps)
+        else:
+            ok = False
+        if not ok:
+            return False
+    return bool(users)
+
+
+def payload_bytes(collective: Instr, operand: str, by_name: dict[str, Instr], comps: dict[str, list[Instr]],
+                   instrs: list[Instr]) -> float:
+    """Bytes of a collective operand in the dtype its values really have. XLA:CPU widens bf16 collectives to
+    f32 (convert → collective → convert back), an accelerator does not: an operand that a widening `convert`
+    produced from a narrower float and whose result is only ever converted back counts in that dtype."""
+    instr = by_name.get(operand)
+    if instr is None:
+        return 0.0
+    full = shape_bytes(instr.shape)
+    node, scope = _root(instr, by_name, comps)
+    if node is None or node.opcode != "convert" or not node.operands:
+        return full
+    narrow, wide = _dtype(scope.get(node.operands[0])), _dtype(node)
+    floats = all(d == "bf16" or d.startswith("f") for d in (narrow, wide))
+    if not floats or not 0 < DTYPE_BYTES.get(narrow, 0) < DTYPE_BYTES.get(wide, 0):
+        return full
+    if not _converted_to(collective.name, narrow, instrs, comps):
+        return full  # the program really wants the wide values (e.g. a user's f32 gradient)
+    return full * DTYPE_BYTES[narrow] / DTYPE_BYTES[wide]

@@ -12,7 +12,8 @@ bytes, and the collectives of the branch with the most wire bytes) — not the s
 * `dot_flops`: 2 · |result| · |contracted dims| for every `dot` (and a `convolution` estimate), weighted
   by the execution count. Elementwise work is not counted (it is < 1% for transformer-sized GEMMs).
 * collectives: operand bytes of every all-reduce / all-gather / reduce-scatter / all-to-all /
-  collective-permute (async `-start` forms included), weighted by the execution count, with the device
+  collective-permute (async `-start` forms included; a bf16 collective that XLA:CPU widened to f32 with
+  converts around it counts in bf16, as an accelerator sends it), weighted by the execution count, with the device
   groups parsed from `replica_groups` (`zaya_jax.hlo_collectives`) for bus-bandwidth factors; every
   collective instruction with its executions per run is in `collective_ops` (for `zaya_jax.cluster`).
 * `hbm_bytes`: operand + result bytes of every top-level instruction (fusion bodies excluded), slicing-aware
@@ -30,29 +31,12 @@ import re
 from collections import defaultdict
 from typing import Callable
 
-from zaya_jax.hlo_collectives import COLLECTIVES, WIRE_FACTOR, CollectiveOp, CollectiveStats, parse_groups
+from zaya_jax.hlo_collectives import (COLLECTIVES, WIRE_FACTOR, CollectiveOp, CollectiveStats, parse_groups,
+                                      payload_bytes)
+from zaya_jax.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
 
-__all__ = ["COLLECTIVES", "WIRE_FACTOR", "CollectiveOp", "CollectiveStats", "HloStats", "analyze", "shape_bytes"]
-
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5}
-
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
-_NAME = re.compile(r"%([\w.\-]+)")
-
-
-@dataclasses.dataclass
-class Instr:
-    name: str
-    shape: str  # result shape text (array or tuple)
-    opcode: str
-    operands: list[str]
-    attrs: str
-    args: str = ""  # raw text inside the opcode's parentheses (e.g. a constant's value)
-    root: bool = False
-
+__all__ = ["COLLECTIVES", "DTYPE_BYTES", "WIRE_FACTOR", "CollectiveOp", "CollectiveStats", "HloStats", "Instr", "analyze",
+           "parse_computations", "shape_bytes", "shape_dims"]
 
 @dataclasses.dataclass
 class HloStats:
@@ -78,68 +62,6 @@ class HloStats:
         return sum(c.wire_bytes for c in self.collectives.values())
 
 
-def shape_bytes(shape: str) -> float:
-    """Bytes of an array or tuple shape text, e.g. `f32[4,8]{1,0}` or `(bf16[2], s32[])`."""
-    total = 0.0
-    for dtype, dims in _ARRAY.findall(shape):
-        if dtype in DTYPE_BYTES:
-            total += DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-    return total
-
-
-def shape_dims(shape: str) -> list[int]:
-    m = _ARRAY.search(shape)
-    return [int(d) for d in m.group(2).split(",") if d] if m else []
-
-
-def _balanced(text: str, start: int) -> int:
-    """Index just past the parenthesis group opening at text[start] == '('."""
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[i], 0)
-        if depth == 0:
-            return i + 1
-    return len(text)
-
-
-def _parse_instr(line: str) -> Instr | None:
-    m = _INSTR.match(line)
-    if not m:
-        return None
-    name, rest = m.group(1), m.group(2)
-    if rest.startswith("("):
-        end = _balanced(rest, 0)
-        shape, rest = rest[:end], rest[end:].lstrip()
-    else:
-        shape, _, rest = rest.partition(" ")
-    op = re.match(r"([\w\-]+)\(", rest)
-    if not op:
-        return None
-    end = _balanced(rest, op.end() - 1)
-    args = rest[op.end():end - 1]
-    return Instr(name, shape, op.group(1), _NAME.findall(args), rest[end:], args, line.lstrip().startswith("ROOT"))
-
-
-def parse_computations(text: str) -> tuple[dict[str, list[Instr]], str]:
-    """{computation name: instructions} and the ENTRY computation's name."""
-    comps: dict[str, list[Instr]] = {}
-    entry, current = "", None
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header and not line.startswith(" "):
-            current = header.group(2)
-            comps[current] = []
-            if header.group(1):
-                entry = current
-        elif line.strip() == "}":
-            current = None
-        elif current is not None:
-            instr = _parse_instr(line)
-            if instr is not None:
-                comps[current].append(instr)
-    return comps, entry
-
-
 def _trip_count(instr: Instr, comps: dict[str, list[Instr]]) -> int | None:
     m = re.search(r'known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', instr.attrs)
     if m:
@@ -152,7 +74,7 @@ def _trip_count(instr: Instr, comps: dict[str, list[Instr]]) -> int | None:
 
 def _branches(instr: Instr) -> list[str]:
     m = re.search(r"branch_computations=\{([^}]*)\}", instr.attrs)
-    names = _NAME.findall(m.group(1)) if m else []
+    names = NAME.findall(m.group(1)) if m else []
     return names + re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", instr.attrs)
 
 
@@ -320,6 +242,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         if name not in comps or name in stack:
             return cost
         shapes = {i.name: i.shape for i in comps[name]}
+        by_name = {i.name: i for i in comps[name]}
         for instr in comps[name]:
             if instr.opcode in ("dot", "convolution"):
                 f = _dot_flops(instr, shapes)
@@ -328,8 +251,8 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
             kind = instr.opcode[:-6] if instr.opcode.endswith("-start") else instr.opcode
             if kind in COLLECTIVES:
                 key = f"{name}/{instr.name}"
-                ops[key] = CollectiveOp(kind, instr.name, sum(shape_bytes(shapes.get(o, "")) for o in instr.operands),
-                                        parse_groups(kind, instr.attrs, num_devices))
+                payload = sum(payload_bytes(instr, o, by_name, comps, comps[name]) for o in instr.operands)
+                ops[key] = CollectiveOp(kind, instr.name, payload, parse_groups(kind, instr.attrs, num_devices))
                 cost.ops[key] += 1
             if name not in fused:
                 t = _traffic(instr, shapes, comps)
