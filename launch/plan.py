@@ -201,9 +201,10 @@ def main(argv):
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
+    mesh_text = None if FLAGS.sweep else FLAGS.mesh  # a sweep sets the mesh of every point itself
     try:
         cfg, notes = planner.planning_config(
-            config, mesh=planner.parse_mesh(FLAGS.mesh) if FLAGS.mesh else None, seq_len=FLAGS.seq,
+            config, mesh=planner.parse_mesh(mesh_text) if mesh_text else None, seq_len=FLAGS.seq,
             batch_per_device=FLAGS.batch_per_device, microbatches=FLAGS.microbatches, remat=remat,
             param_sharding=FLAGS.param_sharding, dispatch=dispatch, capacity_factor=FLAGS.capacity_factor or None)
     except ConfigError as err:

@@ -35,8 +35,8 @@ from zaya_jax.hlo_collectives import (COLLECTIVES, WIRE_FACTOR, CollectiveOp, Co
                                       payload_bytes)
 from zaya_jax.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
 
-__all__ = ["COLLECTIVES", "DTYPE_BYTES", "WIRE_FACTOR", "CollectiveOp", "CollectiveStats", "HloStats", "Instr", "analyze",
-           "parse_computations", "shape_bytes", "shape_dims"]
+__all__ = ["COLLECTIVES", "DTYPE_BYTES", "WIRE_FACTOR", "CollectiveOp", "CollectiveStats", "HloStats", "Instr",
+           "analyze", "parse_computations", "shape_bytes", "shape_dims"]
 
 @dataclasses.dataclass
 class HloStats:
