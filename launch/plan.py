@@ -1,10 +1,17 @@
 """Plan a training run on an emulated CPU mesh: memory per device, FLOPs (XLA vs analytic), collective bytes
-and a roofline step time / MFU for the target hardware — from abstract shapes, nothing allocated.
+and a projected step time / MFU on the paper's cluster — from abstract shapes, nothing allocated.
 
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096 --remat=auto --out=plan.json
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --compile_scaling
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=context:8 --seq=32768  # context-parallel CCA
+    python -m launch.plan --config=experiments/zaya1_base.py --seq=4096 --microbatches=8 \
+        --sweep=data:8,64,128,1024 --out=plan_sweep   # scaling curve: sweep.csv + sweep.png
+
+The report ends with four lines: executed / analytic hardware FLOPs, optimizer / Newton-Schulz FLOPs,
+collective wire / ZeRO-1 minimum, projected MFU (compute + memory-bound + collectives, not overlapped, on the
+cluster model of `zaya_jax.cluster`, whose assumptions are printed and set by the --gpus_per_node,
+--nic_gbps, --nic_efficiency, --xgmi_link_gbps, --alpha_xgmi_us, --alpha_nic_us, --hbm_efficiency flags).
 
 Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout (`zaya_jax.parallel.context`).
 
@@ -20,6 +27,7 @@ emulate_from_argv(default=8)  # before anything imports jax
 
 import json  # noqa: E402
 import os  # noqa: E402
+import sys  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan is made on the (emulated) CPU mesh
 
@@ -40,13 +48,22 @@ flags.DEFINE_string("dispatch", "auto", "MoE dispatch for planning: auto (per-de
                                         "or dense | ragged | capacity | ep")
 flags.DEFINE_float("capacity_factor", 1.0, "capacity factor for planning (0 = the config's); 1.0 sizes the "
                                            "expert buffers like a dropless grouped GEMM")
-flags.DEFINE_float("link_gbps", 0.0, "per-device collective bandwidth in GB/s (0: xGMI 336 for <= 8 devices, "
-                                     "else Pollara 50)")
+flags.DEFINE_integer("gpus_per_node", 8, "GPUs per node on xGMI (cluster model)")
+flags.DEFINE_integer("xgmi_links", 7, "xGMI links per GPU (>= gpus_per_node - 1: fully connected node)")
+flags.DEFINE_float("xgmi_link_gbps", 48.0, "achieved GB/s per xGMI link and direction")
+flags.DEFINE_float("nic_gbps", 50.0, "NIC line rate per GPU in GB/s (Pollara 400 = 50)")
+flags.DEFINE_float("nic_efficiency", 0.9, "achieved fraction of the NIC line rate")
+flags.DEFINE_float("alpha_xgmi_us", 5.0, "latency per intra-node collective step, microseconds")
+flags.DEFINE_float("alpha_nic_us", 10.0, "latency per inter-node collective step, microseconds")
+flags.DEFINE_float("hbm_efficiency", 0.8, "achieved fraction of peak HBM bandwidth for memory-bound passes")
+flags.DEFINE_string("sweep", None, "plan several meshes, e.g. data:8,64,128,1024 (one process each, "
+                                   "--cpu_devices = the mesh size); writes sweep.csv and sweep.png into --out")
 flags.DEFINE_float("usable_memory_fraction", 0.95, "fraction of device memory the step may use")
 flags.DEFINE_bool("fast_compile", True, "skip LLVM optimisation (HLO, buffers and costs are unchanged)")
 flags.DEFINE_bool("compile_scaling", False, "measure compile time / HLO size for --scaling_depths instead")
 flags.DEFINE_list("scaling_depths", ["8", "40", "80"], "depths for --compile_scaling")
-flags.DEFINE_string("out", None, "write the result as JSON here")
+flags.DEFINE_string("out", None, "write the result as JSON here (with --sweep: the output folder, "
+                                  "default plan_sweep)")
 flags.DEFINE_integer("cpu_devices", 8, "emulated CPU devices (read from argv before jax is imported)")
 FLAGS = flags.FLAGS
 GB = 1e9
@@ -58,7 +75,7 @@ def _fmt_bytes(x: float) -> str:
 
 def format_plan(r: dict) -> str:
     """Human-readable report of `zaya_jax.plan.plan` output."""
-    s, mem, fl, rf = r["setup"], r["memory"], r["flops"], r["roofline"]
+    s, mem, fl = r["setup"], r["memory"], r["flops"]
     a = fl["analytic"]
     lines = [
         f"setup: mesh {s['mesh']} ({s['devices']} devices), seq {s['seq_len']}, global batch {s['global_batch']} "
@@ -94,7 +111,8 @@ def format_plan(r: dict) -> str:
         f"{a['muon_newton_schulz']:.4g} = {fl['optimizer_over_analytic_ns']:.4f}",
         f"  MODEL FLOPs: XLA forward+backward minus the listed extras {fl['xla_model']:.4g} vs analytic "
         f"{a['model']:.4g} -> ratio {fl['xla_model_over_analytic_model']:.4f}",
-        "", "collectives per step per device (HLO operand bytes × trip counts; wire = busbw factors):",
+        "", "collectives per step per device (HLO operand bytes × trip counts, a conditional = its costliest branch; "
+                "wire = busbw factors):",
     ]
     for kind, c in r["collectives"].items():
         lines.append(f"  {kind:20s} {c['count']:6d} ops  operands {_fmt_bytes(c['operand_bytes'])}  "
@@ -102,29 +120,77 @@ def format_plan(r: dict) -> str:
     lines += [
         f"  total operands {_fmt_bytes(r['collective_bytes_per_device'])}, wire "
         f"{_fmt_bytes(r['collective_wire_bytes_per_device'])}",
-        "", f"roofline on {rf['hardware']} ({rf['peak_flops'] / 1e12:.0f} TFLOP/s bf16, "
-            f"{rf['hbm_bandwidth'] / 1e12:.1f} TB/s HBM, links {rf['link_bandwidth'] / GB:.0f} GB/s per device):",
-        f"  compute {rf['compute_s'] * 1e3:.2f} ms; HBM {rf['memory_s'] * 1e3:.2f} ms for "
-        f"{_fmt_bytes(rf['hbm_bytes_per_device']).strip()} "
-        f"(XLA:CPU program traffic, upper bound) or {rf['memory_optimistic_s'] * 1e3:.2f} ms for 2 x peak footprint "
-        f"(optimistic); collectives {rf['collective_s'] * 1e3:.2f} ms",
-        f"  step = max(compute, HBM) + collectives = {rf['step_optimistic_s'] * 1e3:.2f} .. {rf['step_s'] * 1e3:.2f} ms"
-        f" -> MFU {rf['mfu_optimistic']:.1%} .. {rf['mfu']:.1%}, {rf['tokens_per_s_per_device_optimistic']:,.0f} .. "
-        f"{rf['tokens_per_s_per_device']:,.0f} tokens/s/device",
-        f"  (collectives fully overlapped, optimistic HBM: {rf['step_overlapped_s'] * 1e3:.2f} ms, "
-        f"MFU {rf['mfu_overlapped']:.1%})",
     ]
+    lines += format_projection(r)
     if "remat_auto" in r:
         ra = r["remat_auto"]
         tried = ", ".join(f"{t['remat']}: {t['peak'] / GB:.1f} GB {'fits' if t['fits'] else 'no'}"
                           for t in ra["attempts"])
         lines += ["", f"remat=auto: {tried} -> "
                       + (f"needed: remat={ra['chosen']}" if ra["chosen"] else "nothing fits")]
-    verdict = (f"VERDICT: fits {mem['capacity'] / GB:.0f} GB per {rf['hardware']} "
+    verdict = (f"VERDICT: fits {mem['capacity'] / GB:.0f} GB per {r['projection']['hardware']} "
                f"(peak {mem['peak'] / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
                if r["fits"] else f"VERDICT: does NOT fit with remat={s['remat']} "
                                  f"(peak {mem['peak'] / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)")
-    return "\n".join(lines + ["", verdict])
+    return "\n".join(lines + ["", verdict] + summary_lines(r))
+
+
+def summary_lines(r: dict) -> list[str]:
+    """The four closing lines of every plan."""
+    su = r["summary"]
+    return [f"executed / analytic hardware FLOPs: {su['executed_over_analytic_hardware_flops']:.2f}",
+            f"optimizer / Newton-Schulz FLOPs: {su['optimizer_over_newton_schulz_flops']:.2f}",
+            f"collective wire / ZeRO-1 minimum: {su['collective_wire_over_zero1_minimum']:.2f}",
+            f"projected MFU: {100 * su['projected_mfu']:.1f}%"]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def format_projection(r: dict) -> list[str]:
+    """Cluster assumptions, the analytic HBM bytes and ZeRO-1 minimum, and the projected step time."""
+    p = r["projection"]
+    pr, ideal, hb, zm = p["projected"], p["ideal"], p["hbm_bytes"], p["zero1_minimum_wire_bytes"]
+    parts = lambda d: ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(v).strip()}"  # noqa: E731
+                                for k, v in d.items() if k != "total" and v)
+    kinds = ", ".join(f"{k} {_ms(v)}" for k, v in pr["collective_by_kind_s"].items())
+    s = r["setup"]
+    return [
+        "", f"projection on {p['hardware']} ({p['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak for every executed "
+            f"FLOP, {p['hbm_bandwidth'] / 1e12:.1f} TB/s HBM peak); cluster assumptions:",
+        *(f"  - {line}" for line in p["assumptions"]),
+        f"  - grad_reduce_dtype {s.get('grad_reduce_dtype', 'float32')}, compute dtype {s['dtype']}; "
+        "memory-bound bytes from the analytic model of zaya_jax/projection.py",
+        f"  compute        {_ms(pr['compute_s'])}  (executed HLO dot FLOPs per device / peak)",
+        f"  memory-bound   {_ms(pr['memory_s'])}  for {_fmt_bytes(hb['total']).strip()}: "
+        f"{parts({k: v for k, v in hb.items() if k != 'newton_schulz_operands'})} (of "
+        f"{_fmt_bytes(hb['newton_schulz_operands']).strip()} Newton-Schulz operands, the rest hides under its GEMMs)",
+        f"                 (XLA:CPU program traffic {_fmt_bytes(p['xla_cpu_hbm_bytes_upper_bound']).strip()} -> "
+        f"{_ms(p['xla_cpu_memory_s_upper_bound'])}: an upper bound only, fusion-poor)",
+        f"  collectives    {_ms(pr['collective_s'])}  = latency {_ms(pr['collective_latency_s'])} + xGMI "
+        f"{_ms(pr['collective_xgmi_s'])} + network {_ms(pr['collective_nic_s'])}; by kind: {kinds}",
+        f"  step = compute + memory-bound + collectives (not overlapped) = {_ms(pr['step_s'])} -> "
+        f"{pr['tokens_per_s_per_device']:,.0f} tokens/s/device, MFU {pr['mfu']:.1%}",
+        f"  ZeRO-1 minimum wire per device: {_fmt_bytes(zm['total']).strip()} ({parts(zm)}) vs compiled "
+        f"{_fmt_bytes(r['collective_wire_bytes_per_device']).strip()}",
+        f"  at the minimum (analytic FLOPs, Newton-Schulz balanced over devices, minimum collectives on the "
+        f"cluster): step {_ms(ideal['step_s'])} (compute {_ms(ideal['compute_s'])}, memory {_ms(ideal['memory_s'])}, "
+        f"collectives {_ms(ideal['collective_s'])}) -> {ideal['tokens_per_s_per_device']:,.0f} tokens/s/device, "
+        f"MFU {ideal['mfu']:.1%}",
+    ]
+
+
+def _cluster():
+    from zaya_jax.cluster import Cluster
+
+    try:
+        return Cluster(gpus_per_node=FLAGS.gpus_per_node, xgmi_links=FLAGS.xgmi_links,
+                       xgmi_link_bandwidth=FLAGS.xgmi_link_gbps * 1e9, nic_bandwidth=FLAGS.nic_gbps * 1e9,
+                       nic_efficiency=FLAGS.nic_efficiency, alpha_xgmi=FLAGS.alpha_xgmi_us * 1e-6,
+                       alpha_nic=FLAGS.alpha_nic_us * 1e-6, hbm_efficiency=FLAGS.hbm_efficiency)
+    except ValueError as err:
+        raise SystemExit(f"plan: error: {err}") from None
 
 
 def main(argv):
@@ -135,15 +201,27 @@ def main(argv):
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
+    mesh_text = None if FLAGS.sweep else FLAGS.mesh  # a sweep sets the mesh of every point itself
     try:
         cfg, notes = planner.planning_config(
-            config, mesh=planner.parse_mesh(FLAGS.mesh) if FLAGS.mesh else None, seq_len=FLAGS.seq,
+            config, mesh=planner.parse_mesh(mesh_text) if mesh_text else None, seq_len=FLAGS.seq,
             batch_per_device=FLAGS.batch_per_device, microbatches=FLAGS.microbatches, remat=remat,
             param_sharding=FLAGS.param_sharding, dispatch=dispatch, capacity_factor=FLAGS.capacity_factor or None)
     except ConfigError as err:
         raise SystemExit(f"plan: error: {err}") from None
     for note in notes:
         print(f"note: {note}")
+    if FLAGS.sweep:
+        from launch.plan_sweep import run_sweep
+
+        try:
+            name = os.path.basename(config_flags.get_config_filename(FLAGS["config"]))
+            run_sweep(FLAGS.sweep, sys.argv[1:], FLAGS.out or "plan_sweep", FLAGS.gpus_per_node,
+                      f"{name}: seq {cfg.train.seq_len}, {cfg.train.microbatches} micro-batch(es), "
+                      f"remat={cfg.model.remat}")
+        except ValueError as err:
+            raise SystemExit(f"plan: error: {err}") from None
+        return
     if FLAGS.compile_scaling:
         result = planner.compile_scaling(planner.small_width(cfg), tuple(int(d) for d in FLAGS.scaling_depths),
                                          fast_compile=False)
@@ -151,8 +229,8 @@ def main(argv):
             print(json.dumps(row))
         print("ratios last/first depth:", json.dumps({k: round(v, 3) for k, v in result["ratios"].items()}))
     else:
-        kwargs = dict(hardware=FLAGS.hardware, link_bandwidth=FLAGS.link_gbps * 1e9 or None,
-                      usable_fraction=FLAGS.usable_memory_fraction, fast_compile=FLAGS.fast_compile)
+        kwargs = dict(hardware=FLAGS.hardware, cluster=_cluster(), usable_fraction=FLAGS.usable_memory_fraction,
+                      fast_compile=FLAGS.fast_compile)
         result = (planner.plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else planner.plan(cfg, **kwargs))
         result["notes"] = notes
         print(format_plan(result))

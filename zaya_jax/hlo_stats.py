@@ -3,14 +3,19 @@
 Why parse text: XLA's `compiled.cost_analysis()` visits every while-loop body **once** (a `jax.lax.scan`
 over 40 layers is counted as one layer), and it gives no per-collective breakdown. This module splits
 the module into computations, builds the call graph (fusion `calls=`, `while` body × its
-`known_trip_count`, `call`, `conditional` branches) and gives every computation its execution count
-per program run. Everything is **per device** (the SPMD-partitioned program one device runs).
+`known_trip_count`, `call`, `conditional` branches) and sums costs bottom-up. A `conditional` runs one
+branch per execution, so it costs its most expensive branch (the max over branches of dot FLOPs, of HBM
+bytes, and the collectives of the branch with the most wire bytes) — not the sum of its branches: e.g. a
+`lax.switch` over slot types inside a `lax.scan` costs trip count × its largest branch. Everything is
+**per device** (the SPMD-partitioned program one device runs).
 
 * `dot_flops`: 2 · |result| · |contracted dims| for every `dot` (and a `convolution` estimate), weighted
   by the execution count. Elementwise work is not counted (it is < 1% for transformer-sized GEMMs).
 * collectives: operand bytes of every all-reduce / all-gather / reduce-scatter / all-to-all /
-  collective-permute (async `-start` forms included), weighted by the execution count, with the group
-  size parsed from `replica_groups` for bus-bandwidth factors.
+  collective-permute (async `-start` forms included; a bf16 collective that XLA:CPU widened to f32 with
+  converts around it counts in bf16, as an accelerator sends it), weighted by the execution count, with the device
+  groups parsed from `replica_groups` (`zaya_jax.hlo_collectives`) for bus-bandwidth factors; every
+  collective instruction with its executions per run is in `collective_ops` (for `zaya_jax.cluster`).
 * `hbm_bytes`: operand + result bytes of every top-level instruction (fusion bodies excluded), slicing-aware
   like XLA's cost analysis (a sliced fusion parameter counts its slice, an in-place dynamic-update-slice its
   update); `hbm_bytes_once` reproduces `cost_analysis()["bytes accessed"]` to a few percent.
@@ -26,45 +31,12 @@ import re
 from collections import defaultdict
 from typing import Callable
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5}
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-               "ragged-all-to-all", "collective-broadcast")
-# bytes a device puts on its links per byte of the collective's per-device operand S (busbw convention,
-# `paper-systems.md` §5): ring all-reduce 2(n-1)/n·S; all-gather (n-1)·S_in; reduce-scatter / all-to-all (n-1)/n·S
-WIRE_FACTOR = {
-    "all-reduce": lambda n: 2 * (n - 1) / n,
-    "all-gather": lambda n: n - 1,
-    "reduce-scatter": lambda n: (n - 1) / n,
-    "all-to-all": lambda n: (n - 1) / n,
-    "ragged-all-to-all": lambda n: (n - 1) / n,
-    "collective-permute": lambda n: 1.0,
-    "collective-broadcast": lambda n: 1.0,
-}
+from zaya_jax.hlo_collectives import (COLLECTIVES, WIRE_FACTOR, CollectiveOp, CollectiveStats, parse_groups,
+                                      payload_bytes)
+from zaya_jax.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
 
-_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
-_NAME = re.compile(r"%([\w.\-]+)")
-
-
-@dataclasses.dataclass
-class Instr:
-    name: str
-    shape: str  # result shape text (array or tuple)
-    opcode: str
-    operands: list[str]
-    attrs: str
-    args: str = ""  # raw text inside the opcode's parentheses (e.g. a constant's value)
-    root: bool = False
-
-
-@dataclasses.dataclass
-class CollectiveStats:
-    count: int = 0  # executions per step (static ops × loop trip counts)
-    operand_bytes: float = 0.0  # Σ per-device operand bytes over executions
-    wire_bytes: float = 0.0  # Σ bytes sent per device (busbw factors applied)
-
+__all__ = ["COLLECTIVES", "DTYPE_BYTES", "WIRE_FACTOR", "CollectiveOp", "CollectiveStats", "HloStats", "Instr",
+           "analyze", "parse_computations", "shape_bytes", "shape_dims"]
 
 @dataclasses.dataclass
 class HloStats:
@@ -79,6 +51,7 @@ class HloStats:
     trip_counts: dict[str, int]  # while body computation → trip count
     unknown_trip_counts: int
     num_instructions: int
+    collective_ops: list[tuple[CollectiveOp, float]] = dataclasses.field(default_factory=list)  # (op, executions)
 
     @property
     def collective_bytes(self) -> float:
@@ -87,68 +60,6 @@ class HloStats:
     @property
     def wire_bytes(self) -> float:
         return sum(c.wire_bytes for c in self.collectives.values())
-
-
-def shape_bytes(shape: str) -> float:
-    """Bytes of an array or tuple shape text, e.g. `f32[4,8]{1,0}` or `(bf16[2], s32[])`."""
-    total = 0.0
-    for dtype, dims in _ARRAY.findall(shape):
-        if dtype in DTYPE_BYTES:
-            total += DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-    return total
-
-
-def shape_dims(shape: str) -> list[int]:
-    m = _ARRAY.search(shape)
-    return [int(d) for d in m.group(2).split(",") if d] if m else []
-
-
-def _balanced(text: str, start: int) -> int:
-    """Index just past the parenthesis group opening at text[start] == '('."""
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"(": 1, ")": -1}.get(text[i], 0)
-        if depth == 0:
-            return i + 1
-    return len(text)
-
-
-def _parse_instr(line: str) -> Instr | None:
-    m = _INSTR.match(line)
-    if not m:
-        return None
-    name, rest = m.group(1), m.group(2)
-    if rest.startswith("("):
-        end = _balanced(rest, 0)
-        shape, rest = rest[:end], rest[end:].lstrip()
-    else:
-        shape, _, rest = rest.partition(" ")
-    op = re.match(r"([\w\-]+)\(", rest)
-    if not op:
-        return None
-    end = _balanced(rest, op.end() - 1)
-    args = rest[op.end():end - 1]
-    return Instr(name, shape, op.group(1), _NAME.findall(args), rest[end:], args, line.lstrip().startswith("ROOT"))
-
-
-def parse_computations(text: str) -> tuple[dict[str, list[Instr]], str]:
-    """{computation name: instructions} and the ENTRY computation's name."""
-    comps: dict[str, list[Instr]] = {}
-    entry, current = "", None
-    for line in text.splitlines():
-        header = _HEADER.match(line)
-        if header and not line.startswith(" "):
-            current = header.group(2)
-            comps[current] = []
-            if header.group(1):
-                entry = current
-        elif line.strip() == "}":
-            current = None
-        elif current is not None:
-            instr = _parse_instr(line)
-            if instr is not None:
-                comps[current].append(instr)
-    return comps, entry
 
 
 def _trip_count(instr: Instr, comps: dict[str, list[Instr]]) -> int | None:
@@ -161,6 +72,12 @@ def _trip_count(instr: Instr, comps: dict[str, list[Instr]]) -> int | None:
     return max(consts) if consts else None
 
 
+def _branches(instr: Instr) -> list[str]:
+    m = re.search(r"branch_computations=\{([^}]*)\}", instr.attrs)
+    names = NAME.findall(m.group(1)) if m else []
+    return names + re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", instr.attrs)
+
+
 def _callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int | None]]:
     """(callee, multiplier) for computations this instruction runs; None multiplier = unknown trip count."""
     a = instr.attrs
@@ -170,25 +87,7 @@ def _callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int
     out = [(c, 1) for c in re.findall(r"calls=%?([\w.\-]+)", a)]
     if instr.opcode == "call":
         out += [(c, 1) for c in re.findall(r"to_apply=%?([\w.\-]+)", a)]
-    branches = re.search(r"branch_computations=\{([^}]*)\}", a)
-    if branches:
-        out += [(c, 1) for c in _NAME.findall(branches.group(1))]
-    out += [(c, 1) for c in re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", a)]
-    return out
-
-
-def _group_size(attrs: str, num_devices: int) -> int:
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=", attrs)
-    if m:
-        return int(m.group(2))
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
-    if m:
-        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
-        return math.prod(int(sizes[a]) for a in re.findall(r"'([^']+)'", m.group(2)) if a in sizes) or 1
-    m = re.search(r"replica_groups=\{\{([^}]*)\}", attrs)
-    if m:
-        return len([x for x in m.group(1).split(",") if x.strip()])
-    return num_devices
+    return out + [(c, 1) for c in _branches(instr)]
 
 
 def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
@@ -205,27 +104,6 @@ def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
     if not kernel or o_dim < 0:
         return 0.0
     return 2.0 * out * math.prod(kernel) / kernel[o_dim]
-
-
-def _multiplicities(comps: dict[str, list[Instr]], entry: str, unroll: bool) -> tuple[dict[str, float], int]:
-    """Executions of every computation per run of `entry` (unroll=False: every loop counted once)."""
-    mult: dict[str, float] = defaultdict(float)
-    unknown = 0
-
-    def visit(name: str, times: float, stack: tuple) -> None:
-        nonlocal unknown
-        if name not in comps or name in stack:
-            return
-        mult[name] += times
-        for instr in comps[name]:
-            for callee, k in _callees(instr, comps):
-                if k is None:
-                    unknown += 1
-                    k = 1
-                visit(callee, times * (k if unroll else 1), stack + (name,))
-
-    visit(entry, 1.0, ())
-    return mult, unknown
 
 
 _NO_TRAFFIC = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
@@ -310,44 +188,96 @@ def _caller_op_names(comps: dict[str, list[Instr]]) -> dict[str, str]:
     return {comp: resolve(comp) for comp in direct}
 
 
+@dataclasses.dataclass
+class _Cost:
+    """Cost of one run of a computation, callees included (`*_once`: every loop body counted once)."""
+
+    flops: float = 0.0
+    flops_once: float = 0.0
+    traffic: float = 0.0
+    traffic_once: float = 0.0
+    by_tag: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
+    ops: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))  # collective → runs
+
+    def add(self, other: "_Cost", times: float, times_once: float) -> None:
+        self.flops += times * other.flops
+        self.flops_once += times_once * other.flops_once
+        self.traffic += times * other.traffic
+        self.traffic_once += times_once * other.traffic_once
+        for tag, f in other.by_tag.items():
+            self.by_tag[tag] += times * f
+        for key, runs in other.ops.items():
+            self.ops[key] += times * runs
+
+
+def _most_expensive(branches: list[_Cost], wire: Callable[[_Cost], float]) -> _Cost:
+    """One execution of a conditional: per metric the most expensive branch (`wire` ranks collectives)."""
+    if not branches:
+        return _Cost()
+    top = max(branches, key=lambda b: b.flops)
+    comm = max(branches, key=lambda b: (wire(b), b.flops))
+    return _Cost(top.flops, max(b.flops_once for b in branches), max(b.traffic for b in branches),
+                 max(b.traffic_once for b in branches), defaultdict(float, top.by_tag), defaultdict(float, comm.ops))
+
+
 def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodiff_tag) -> HloStats:
     """Parse `compiled.as_text()` of one SPMD program; see the module docstring. `classify(op_name) -> tag`
     splits the dot FLOPs (an instruction without metadata inherits its calling fusion's op_name)."""
     comps, entry = parse_computations(text)
     caller_op = _caller_op_names(comps)
-    mult, unknown = _multiplicities(comps, entry, unroll=True)
-    once, _ = _multiplicities(comps, entry, unroll=False)
     fused = {c for instrs in comps.values() for i in instrs for c, _ in _callees(i, comps)
              if i.opcode not in ("while", "call", "conditional")}
-    flops = flops_once = traffic = traffic_once = 0.0
-    coll: dict[str, CollectiveStats] = {}
-    by_tag: dict[str, float] = defaultdict(float)
+    ops: dict[str, CollectiveOp] = {}
     trips: dict[str, int] = {}
-    for name, instrs in comps.items():
-        k, k1 = mult.get(name, 0.0), once.get(name, 0.0)
-        if k == 0:
-            continue
-        shapes = {i.name: i.shape for i in instrs}
-        for instr in instrs:
+    unknown: set[str] = set()
+    memo: dict[str, _Cost] = {}
+
+    def wire(cost: _Cost) -> float:
+        return sum(runs * ops[key].wire_bytes for key, runs in cost.ops.items())
+
+    def total(name: str, stack: tuple = ()) -> _Cost:
+        if name in memo:
+            return memo[name]
+        cost = _Cost()
+        if name not in comps or name in stack:
+            return cost
+        shapes = {i.name: i.shape for i in comps[name]}
+        by_name = {i.name: i for i in comps[name]}
+        for instr in comps[name]:
             if instr.opcode in ("dot", "convolution"):
                 f = _dot_flops(instr, shapes)
-                flops, flops_once = flops + k * f, flops_once + k1 * f
-                by_tag[classify(_op_name(instr) or caller_op.get(name, ""))] += k * f
-            elif instr.opcode == "while":
-                body = re.search(r"body=%?([\w.\-]+)", instr.attrs)
-                trip = _trip_count(instr, comps)
-                if body and trip is not None:
-                    trips[body.group(1)] = trip
+                cost.flops, cost.flops_once = cost.flops + f, cost.flops_once + f
+                cost.by_tag[classify(_op_name(instr) or caller_op.get(name, ""))] += f
             kind = instr.opcode[:-6] if instr.opcode.endswith("-start") else instr.opcode
             if kind in COLLECTIVES:
-                size = sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
-                n = _group_size(instr.attrs, num_devices)
-                stats = coll.setdefault(kind, CollectiveStats())
-                stats.count += int(k)
-                stats.operand_bytes += k * size
-                stats.wire_bytes += k * size * WIRE_FACTOR[kind](max(n, 1))
+                key = f"{name}/{instr.name}"
+                payload = sum(payload_bytes(instr, o, by_name, comps, comps[name]) for o in instr.operands)
+                ops[key] = CollectiveOp(kind, instr.name, payload, parse_groups(kind, instr.attrs, num_devices))
+                cost.ops[key] += 1
             if name not in fused:
                 t = _traffic(instr, shapes, comps)
-                traffic, traffic_once = traffic + k * t, traffic_once + k1 * t
-    return HloStats(flops, flops_once, dict(by_tag), traffic, traffic_once, coll, trips, unknown,
-                    sum(len(v) for v in comps.values()))
+                cost.traffic, cost.traffic_once = cost.traffic + t, cost.traffic_once + t
+            if instr.opcode == "conditional":
+                cost.add(_most_expensive([total(b, stack + (name,)) for b in _branches(instr)], wire), 1, 1)
+                continue
+            for callee, k in _callees(instr, comps):
+                if instr.opcode == "while":
+                    if k is None:
+                        unknown.add(f"{name}/{instr.name}")
+                    else:
+                        trips[callee] = k
+                cost.add(total(callee, stack + (name,)), 1 if k is None else k, 1)
+        memo[name] = cost
+        return cost
+
+    run = total(entry)
+    coll: dict[str, CollectiveStats] = {}
+    for key, runs in run.ops.items():
+        op = ops[key]
+        stats = coll.setdefault(op.kind, CollectiveStats())
+        stats.count += int(round(runs))
+        stats.operand_bytes += runs * op.operand_bytes
+        stats.wire_bytes += runs * op.wire_bytes
+    return HloStats(run.flops, run.flops_once, dict(run.by_tag), run.traffic, run.traffic_once, coll, trips,
+                    len(unknown), sum(len(v) for v in comps.values()),
+                    [(ops[key], runs) for key, runs in run.ops.items()])

@@ -1,5 +1,5 @@
 """Plan a training run without hardware: compile the real train step from abstract shapes on an (emulated)
-CPU mesh and report per-device memory, FLOPs, collective bytes and a roofline step time.
+CPU mesh and report per-device memory, FLOPs, collective bytes and a projected step time on the paper's cluster.
 
 Nothing is allocated: the train state is `jax.eval_shape`d (`train.state.abstract_train_state`), the batch
 is `jax.ShapeDtypeStruct`s with their shardings, and the jitted step of `train.step.make_train_step` is
@@ -14,17 +14,23 @@ is `jax.ShapeDtypeStruct`s with their shardings, and the jitted step of `train.s
   with the analytic `6·N_active·tokens + attention` (`model.flops`) plus explicit, separately listed
   extras XLA really executes: the masked upper triangle of attention, capacity padding, remat recompute
   and Muon's Newton–Schulz iterations;
-* collectives — operand bytes of every collective in the HLO, × loop trip counts;
-* roofline — max(FLOPs / peak, HBM bytes / bandwidth) + collective wire bytes / link bandwidth.
+* collectives — operand bytes of every collective in the HLO, × loop trip counts (a `conditional` counts
+  its most expensive branch), with their device groups; the ZeRO-1 minimum they are compared with is
+  analytic (`projection.zero1_minimum`);
+* projection — step time = compute (executed dot FLOPs at the bf16 peak) + memory-bound passes (an
+  analytic HBM byte count, `projection.hbm_traffic`) + every collective priced on the paper's cluster
+  (`cluster.Cluster`: xGMI nodes, one NIC per GPU, rails-only, hierarchical collectives, α–β per stage),
+  nothing overlapped; projected MFU = model FLOPs / (step time · peak).
 
-XLA:CPU differs from an accelerator backend: it upcasts bf16 dots to f32, fuses less, and lowers ZeRO-1's
-reduce-scatter as all-reduce + slice. Memory and HBM-traffic figures are therefore estimates (usually
-upper bounds) for the target accelerator.
+XLA:CPU differs from an accelerator backend: it upcasts bf16 dots to f32, fuses less, and materialises the
+attention logits. Its program traffic (`hlo_stats.hbm_bytes`) is therefore only an upper bound (printed as
+such); memory figures are estimates for the target accelerator.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from typing import Any
@@ -34,7 +40,8 @@ import jax.numpy as jnp
 import ml_collections
 from jax.sharding import NamedSharding
 
-from zaya_jax import hlo_stats, sizing
+from zaya_jax import cluster as cluster_lib
+from zaya_jax import hlo_stats, projection, sizing
 from zaya_jax.config import validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
@@ -47,9 +54,6 @@ from zaya_jax.train.step import BATCH_KEYS, make_train_step
 # XLA options that only shorten LLVM code generation; HLO passes, buffer assignment and cost analysis are
 # unchanged (the planner never runs the program).
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-# per-device link bandwidth for collectives, bytes/s [I from paper-systems.md §5 (B)]: xGMI 7 links × ≈48 GB/s
-# achieved inside an 8-GPU node; one Pollara 400 NIC (50 GB/s) per GPU across nodes
-LINK_BANDWIDTH = {"xgmi": 7 * 48e9, "pollara": 50e9}
 REMAT_AUTO_ORDER = ("none", "dots", "full")
 
 
@@ -139,30 +143,6 @@ def sharded_bytes(tree: Any) -> float:
     return total
 
 
-def _leaf_name(path) -> str:
-    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
-    names = [n for n in names if n not in ("value", "raw_value")]
-    return names[-1] if names else ""
-
-
-def muon_ns_flops(params: Any, config: ml_collections.ConfigDict) -> float:
-    """Global Newton–Schulz FLOPs per optimizer step: per [m≤n] matrix and iteration, X·Xᵀ (2m²n), A·A (2m³)
-    and (bA + cA²)·X (2m²n); the fused expert w_in counts as two matrices with `muon_split_gate_up`."""
-    o = config.optimizer
-    labels = optimizer_lib.param_labels(params, muon_conv=bool(o.muon_conv))
-    total = 0.0
-    for (path, leaf), label in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(labels)):
-        if label != "muon" or len(leaf.shape) < 2:
-            continue
-        *lead, rows, cols = leaf.shape
-        count = math.prod(lead)
-        if o.muon_split_gate_up and _leaf_name(path) == optimizer_lib.SPLIT_LEAF:
-            count, cols = 2 * count, cols // 2
-        m, n = min(rows, cols), max(rows, cols)
-        total += count * int(o.muon_ns_steps) * (4 * m * m * n + 2 * m ** 3)
-    return float(total)
-
-
 def effective_capacity_factor(config: ml_collections.ConfigDict, num_devices: int) -> float:
     """Expert-GEMM rows XLA computes per routed token: E·C / T (1.0 = exactly the top-1 active FLOPs)."""
     m, t = config.model, config.train
@@ -197,30 +177,10 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
         "attention_masked_half": 3 * (square - 0.5) * attn_square * tokens,
         "expert_capacity_padding": 3 * expert_fwd * (cf - 1) * tokens,
         "remat_recompute": recompute * tokens,
-        "muon_newton_schulz": muon_ns_flops(params, config),
+        "muon_newton_schulz": projection.ns_flops(params, config),
     }
     out["hardware"] = sum(out.values())
     return out
-
-
-def roofline_estimate(flops: float, hbm_bytes: float, hbm_bytes_optimistic: float, wire_bytes: float,
-                      model_flops: float, tokens: float, hw: sizing.Hardware, link: float) -> dict[str, float]:
-    """Per-device step time = max(FLOPs / peak, HBM bytes / bandwidth) + collective wire bytes / link bandwidth
-    (no overlap), and MFU = model FLOPs / (step time · peak). `hbm_bytes`: the XLA:CPU program's traffic (an
-    upper bound); `hbm_bytes_optimistic`: every byte of the peak footprint written once and read once."""
-    compute_s, memory_s, comm_s = flops / hw.peak_bf16_flops, hbm_bytes / hw.hbm_bandwidth, wire_bytes / link
-    memory_opt_s = hbm_bytes_optimistic / hw.hbm_bandwidth
-    step_s = max(compute_s, memory_s) + comm_s
-    step_opt_s = max(compute_s, memory_opt_s) + comm_s
-    mfu = lambda t: model_flops / (t * hw.peak_bf16_flops)  # noqa: E731
-    return {"hardware": hw.name, "peak_flops": hw.peak_bf16_flops, "hbm_bandwidth": hw.hbm_bandwidth,
-            "link_bandwidth": link, "hbm_bytes_per_device": hbm_bytes, "hbm_bytes_optimistic": hbm_bytes_optimistic,
-            "compute_s": compute_s, "memory_s": memory_s, "memory_optimistic_s": memory_opt_s,
-            "collective_s": comm_s, "step_s": step_s, "step_optimistic_s": step_opt_s,
-            "step_overlapped_s": max(compute_s, memory_opt_s, comm_s),
-            "tokens_per_s_per_device": tokens / step_s, "tokens_per_s_per_device_optimistic": tokens / step_opt_s,
-            "mfu": mfu(step_s), "mfu_optimistic": mfu(step_opt_s), "mfu_overlapped": mfu(max(compute_s, memory_opt_s,
-                                                                                             comm_s))}
 
 
 def _cost(compiled) -> dict[str, float]:
@@ -237,11 +197,37 @@ def _memory(compiled) -> dict[str, float]:
     return out
 
 
-def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", link_bandwidth: float | None = None,
+def _projections(config: ml_collections.ConfigDict, stats: hlo_stats.HloStats, analytic: dict[str, float],
+                 params: Any, n: int, hw: sizing.Hardware, cluster: cluster_lib.Cluster) -> dict:
+    """The compiled step projected on `cluster` (`projected`), the same layout at the ZeRO-1 minimum with
+    balanced Newton–Schulz and analytic FLOPs (`ideal`), the analytic HBM bytes and collective minimum."""
+    t, ns = config.train, analytic["muon_newton_schulz"]
+    tokens, model = t.global_batch_size * t.seq_len / n, analytic["model"] / n
+    optimizer_flops = stats.dot_flops - stats.dot_flops_by_tag.get("autodiff", 0.0)
+    cf = effective_capacity_factor(config, n)
+    ridge = hw.peak_bf16_flops / (hw.hbm_bandwidth * cluster.hbm_efficiency)
+    traffic = projection.hbm_traffic(config, params, n, cf, optimizer_flops / ns if ns else 0.0, ridge)
+    ideal_traffic = projection.hbm_traffic(config, params, n, cf, 1.0 / n, ridge)
+    minimum, minimum_time = projection.zero1_minimum(config, params, n, cluster)
+    priced = cluster_lib.price(cluster, stats.collective_ops)
+    projected = projection.project(executed_flops=stats.dot_flops, model_flops=model, tokens=tokens,
+                                   hbm_bytes=traffic["total"], collectives=priced, hw=hw, cluster=cluster)
+    ideal = projection.project(executed_flops=analytic["hardware"] / n, model_flops=model, tokens=tokens,
+                               hbm_bytes=ideal_traffic["total"], collectives=minimum_time, hw=hw, cluster=cluster)
+    return {"hardware": hw.name, "peak_flops": hw.peak_bf16_flops, "hbm_bandwidth": hw.hbm_bandwidth,
+            "cluster": dataclasses.asdict(cluster), "assumptions": cluster.describe() + projection.describe(),
+            "hbm_bytes": traffic, "hbm_bytes_ideal": ideal_traffic,
+            "xla_cpu_hbm_bytes_upper_bound": stats.hbm_bytes,
+            "xla_cpu_memory_s_upper_bound": stats.hbm_bytes / (hw.hbm_bandwidth * cluster.hbm_efficiency),
+            "zero1_minimum_wire_bytes": minimum, "projected": projected, "ideal": ideal}
+
+
+def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster: cluster_lib.Cluster | None = None,
          usable_fraction: float = 0.95, devices: list | None = None, fast_compile: bool = True) -> dict:
     """Compile the train step of `config` (set up with `planning_config`) and report; see the module doc.
 
-    Returns a JSON-serialisable dict: setup, memory (per device), flops, collectives, roofline, fits.
+    Returns a JSON-serialisable dict: setup, memory (per device), flops, collectives, projection, summary
+    (the four headline ratios), fits.
     """
     hw = sizing.get_hardware(hardware)
     t0 = time.perf_counter()
@@ -253,7 +239,6 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", link_ba
     mem, cost = _memory(compiled), _cost(compiled)
     text = compiled.as_text()
     stats = hlo_stats.analyze(text, n)
-    link = link_bandwidth or LINK_BANDWIDTH["xgmi" if n <= 8 else "pollara"]
     tokens = t.global_batch_size * t.seq_len
     params_b, opt_b = sharded_bytes(abs_state.params), sharded_bytes(abs_state.opt_state)
     memory = {**mem, "params": params_b, "opt_state": opt_b,
@@ -278,20 +263,24 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", link_ba
         "xla_model": xla_grad - extras,
     }
     flops["xla_model_over_analytic_model"] = flops["xla_model"] / analytic["model"]
-    roofline = roofline_estimate(stats.dot_flops, stats.hbm_bytes, 2 * mem["peak"], stats.wire_bytes,
-                                 analytic["model"] / n, tokens / n, hw, link)
-    roofline["xla_cost_bytes_accessed_per_device"] = cost.get("bytes accessed", 0.0)
+    proj = _projections(config, stats, analytic, abs_state.params, n, hw, cluster or cluster_lib.Cluster())
+    proj["xla_cost_bytes_accessed_per_device"] = cost.get("bytes accessed", 0.0)
+    summary = {"executed_over_analytic_hardware_flops": flops["xla_over_analytic_hardware"],
+               "optimizer_over_newton_schulz_flops": flops["optimizer_over_analytic_ns"],
+               "collective_wire_over_zero1_minimum": stats.wire_bytes / proj["zero1_minimum_wire_bytes"]["total"],
+               "projected_mfu": proj["projected"]["mfu"]}
     return {
         "setup": {"mesh": dict(mesh.shape), "devices": n, "seq_len": t.seq_len, "global_batch": t.global_batch_size,
                   "microbatches": t.microbatches, "tokens_per_step": tokens, "remat": config.model.remat,
                   "param_sharding": t.param_sharding, "dispatch": config.model.dispatch,
                   "capacity_factor": config.model.capacity_factor, "num_layers": config.model.num_layers,
                   "dtype": config.model.dtype, "param_dtype": config.model.param_dtype,
+                  "grad_reduce_dtype": projection.grad_reduce_dtype(config),
                   "lower_s": t1 - t0, "compile_s": t2 - t1, "fast_compile": fast_compile,
                   "hlo_chars": len(text), "hlo_instructions": stats.num_instructions,
                   "loop_trip_counts": sorted(stats.trip_counts.values()),
                   "unknown_trip_counts": stats.unknown_trip_counts},
-        "memory": memory, "flops": flops, "roofline": roofline,
+        "memory": memory, "flops": flops, "projection": proj, "summary": summary,
         "collectives": {k: vars(v) for k, v in sorted(stats.collectives.items())},
         "collective_bytes_per_device": stats.collective_bytes, "collective_wire_bytes_per_device": stats.wire_bytes,
         "fits": mem["peak"] <= memory["usable"],

@@ -1,0 +1,91 @@
+"""Optimized HLO text (`compiled.as_text()`) split into computations and instructions, and shape sizes.
+
+The primitives `zaya_jax.hlo_stats` (costs) and `zaya_jax.hlo_collectives` (collectives) read it with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
+               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5}
+
+_HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
+NAME = re.compile(r"%([\w.\-]+)")
+
+
+@dataclasses.dataclass
+class Instr:
+    name: str
+    shape: str  # result shape text (array or tuple)
+    opcode: str
+    operands: list[str]
+    attrs: str
+    args: str = ""  # raw text inside the opcode's parentheses (e.g. a constant's value)
+    root: bool = False
+
+
+def shape_bytes(shape: str) -> float:
+    """Bytes of an array or tuple shape text, e.g. `f32[4,8]{1,0}` or `(bf16[2], s32[])`."""
+    total = 0.0
+    for dtype, dims in ARRAY.findall(shape):
+        if dtype in DTYPE_BYTES:
+            total += DTYPE_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+    return total
+
+
+def shape_dims(shape: str) -> list[int]:
+    m = ARRAY.search(shape)
+    return [int(d) for d in m.group(2).split(",") if d] if m else []
+
+
+def _balanced(text: str, start: int) -> int:
+    """Index just past the parenthesis group opening at text[start] == '('."""
+    depth = 0
+    for i in range(start, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[i], 0)
+        if depth == 0:
+            return i + 1
+    return len(text)
+
+
+def _parse_instr(line: str) -> Instr | None:
+    m = _INSTR.match(line)
+    if not m:
+        return None
+    name, rest = m.group(1), m.group(2)
+    if rest.startswith("("):
+        end = _balanced(rest, 0)
+        shape, rest = rest[:end], rest[end:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    op = re.match(r"([\w\-]+)\(", rest)
+    if not op:
+        return None
+    end = _balanced(rest, op.end() - 1)
+    args = rest[op.end():end - 1]
+    return Instr(name, shape, op.group(1), NAME.findall(args), rest[end:], args, line.lstrip().startswith("ROOT"))
+
+
+def parse_computations(text: str) -> tuple[dict[str, list[Instr]], str]:
+    """{computation name: instructions} and the ENTRY computation's name."""
+    comps: dict[str, list[Instr]] = {}
+    entry, current = "", None
+    for line in text.splitlines():
+        header = _HEADER.match(line)
+        if header and not line.startswith(" "):
+            current = header.group(2)
+            comps[current] = []
+            if header.group(1):
+                entry = current
+        elif line.strip() == "}":
+            current = None
+        elif current is not None:
+            instr = _parse_instr(line)
+            if instr is not None:
+                comps[current].append(instr)
+    return comps, entry
