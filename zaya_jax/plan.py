@@ -1,8 +1,8 @@
 """Plan a training run without hardware: compile the real train step from abstract shapes on an (emulated)
 CPU mesh and report per-device memory, FLOPs, collective bytes and a projected step time on the paper's cluster.
 
-Nothing is allocated: the train state is `jax.eval_shape`d (`train.state.abstract_train_state`), the batch
-is `jax.ShapeDtypeStruct`s with their shardings, and the jitted step of `train.step.make_train_step` is
+Nothing is allocated: the train state is `jax.eval_shape`d (`train.setup.prepare_abstract`), the batch
+is `jax.ShapeDtypeStruct`s with their shardings, and the jitted train step of `train.param_sharding` is
 `.lower(...).compile()`d. Sources of each number:
 
 * memory — `compiled.memory_analysis()` (arguments, outputs, donated aliases, temporaries) next to
@@ -47,9 +47,8 @@ from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, resolve_mesh_shape
-from zaya_jax.train import optimizer as optimizer_lib
-from zaya_jax.train.state import abstract_train_state
-from zaya_jax.train.step import BATCH_KEYS, make_train_step
+from zaya_jax.train.setup import prepare_abstract
+from zaya_jax.train.step import BATCH_KEYS
 
 # XLA options that only shorten LLVM code generation; HLO passes, buffer assignment and cost analysis are
 # unchanged (the planner never runs the program).
@@ -119,19 +118,18 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.Sha
 
 
 def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = None):
-    """`make_train_step(...).jitted.lower(abstract state, abstract batch)` → (lowered, mesh, abstract state)."""
+    """The train step of `config` (`zaya_jax.train.setup.prepare_abstract`) lowered on abstract state and batch →
+    (lowered, mesh, the abstract `Training`)."""
     devices = list(devices if devices is not None else jax.devices())
     need = math.prod(int(config.mesh[a]) for a in AXES)
     if need > len(devices):
         raise ValueError(f"mesh {dict(config.mesh)} needs {need} devices, {len(devices)} available "
                          "(emulate more with --cpu_devices / XLA_FLAGS=--xla_force_host_platform_device_count)")
     mesh = make_mesh(config, devices[:need])
-    tx = optimizer_lib.make_optimizer(config)
-    graphdef, abs_state, shardings = abstract_train_state(config, mesh, tx)
-    step = make_train_step(graphdef, tx, config, mesh, shardings)
+    training = prepare_abstract(config, mesh)
     with jax.set_mesh(mesh):
-        lowered = step.jitted.lower(abs_state, abstract_batch(config, mesh))
-    return lowered, mesh, abs_state
+        lowered = training.step.jitted.lower(training.state, abstract_batch(config, mesh))
+    return lowered, mesh, training
 
 
 def sharded_bytes(tree: Any) -> float:
@@ -231,7 +229,8 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
     """
     hw = sizing.get_hardware(hardware)
     t0 = time.perf_counter()
-    lowered, mesh, abs_state = lower_train_step(config, devices)
+    lowered, mesh, training = lower_train_step(config, devices)
+    abs_state, params = training.state, training.checkpoint_target.params  # run state; per-parameter shapes
     t1 = time.perf_counter()
     compiled = lowered.compile(compiler_options=FAST_COMPILE if fast_compile else None)
     t2 = time.perf_counter()
@@ -240,14 +239,15 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
     text = compiled.as_text()
     stats = hlo_stats.analyze(text, n)
     tokens = t.global_batch_size * t.seq_len
-    params_b, opt_b = sharded_bytes(abs_state.params), sharded_bytes(abs_state.opt_state)
+    opt = abs_state.groups if training.zero1 is not None else abs_state.opt_state
+    params_b, opt_b = sharded_bytes(abs_state.params), sharded_bytes(opt)
     memory = {**mem, "params": params_b, "opt_state": opt_b,
               "other_state": sharded_bytes((abs_state.step, abs_state.biases, abs_state.balancing)),
-              # for reference: all gradients at once in the parameter dtype (XLA may keep only the ZeRO-1 shard)
+              # for reference: all gradients at once in the dtype forward/backward read the parameters in
               "gradients_unsharded": sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
                                          for x in jax.tree.leaves(abs_state.params)),
               "capacity": hw.memory_bytes, "usable": usable_fraction * hw.memory_bytes}
-    analytic = analytic_flops(config, n, abs_state.params)
+    analytic = analytic_flops(config, n, params)
     extras = analytic["attention_masked_half"] + analytic["expert_capacity_padding"] + analytic["remat_recompute"]
     xla_total = stats.dot_flops * n
     xla_grad = stats.dot_flops_by_tag.get("autodiff", 0.0) * n
@@ -263,7 +263,7 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
         "xla_model": xla_grad - extras,
     }
     flops["xla_model_over_analytic_model"] = flops["xla_model"] / analytic["model"]
-    proj = _projections(config, stats, analytic, abs_state.params, n, hw, cluster or cluster_lib.Cluster())
+    proj = _projections(config, stats, analytic, params, n, hw, cluster or cluster_lib.Cluster())
     proj["xla_cost_bytes_accessed_per_device"] = cost.get("bytes accessed", 0.0)
     summary = {"executed_over_analytic_hardware_flops": flops["xla_over_analytic_hardware"],
                "optimizer_over_newton_schulz_flops": flops["optimizer_over_analytic_ns"],

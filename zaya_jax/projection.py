@@ -62,6 +62,7 @@ from zaya_jax import sizing
 from zaya_jax.cluster import Cluster, Stage
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.moe import capacity
+from zaya_jax.keys import leaf_name
 from zaya_jax.train import optimizer as optimizer_lib
 
 NS_DTYPE_BYTES = 4  # Newton–Schulz iterates in fp32 (`train.optimizer.orthogonalize`)
@@ -75,13 +76,7 @@ def dtype_bytes(name: str) -> int:
 
 
 def grad_reduce_dtype(config: ml_collections.ConfigDict) -> str:
-    return config.train.get("grad_reduce_dtype", "float32")
-
-
-def leaf_name(path) -> str:
-    names = [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
-    names = [n for n in names if n not in ("value", "raw_value")]
-    return names[-1] if names else ""
+    return config.train.grad_reduce_dtype
 
 
 def muon_matrices(params: Any, config: ml_collections.ConfigDict) -> Iterator[tuple[int, int, int]]:

@@ -54,6 +54,7 @@ import optax
 from zaya_jax.keys import map_named
 from zaya_jax.train import schedule as schedule_lib
 
+NS_SCOPE = "newton_schulz"
 NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton–Schulz (a, b, c): X ← aX + (bA + cA²)X, A = XXᵀ
 MUON_MATRICES = frozenset({"wq", "wk", "wv_cur", "wv_del", "wo", "w_down", "w1", "w2", "w3", "w_in", "w_out"})
 CONV_TAPS = "conv2_w"  # per-head [d, d] taps: Muon only with optimizer.muon_conv
@@ -131,7 +132,8 @@ def orthogonalize(x: jax.Array, *, ns_steps: int = 5, ns_coeffs: tuple[float, fl
     fn = lambda m: _ns_matrix(m, ns_coeffs, ns_steps, eps, dtype)  # noqa: E731
     for _ in range(x.ndim - 2):
         fn = jax.vmap(fn)
-    return fn(x)
+    with jax.named_scope(NS_SCOPE):  # op_name metadata: lets HLO checks find the iterations
+        return fn(x)
 
 
 def _matrix_dims(x: jax.Array, split: bool) -> tuple[int, int]:

@@ -22,7 +22,8 @@ from jax.sharding import Mesh, NamedSharding
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 from zaya_jax.train import balancing
-from zaya_jax.train.loss import LossSums, chunked_loss_sums, objective
+from zaya_jax.model.layers import dtype_of
+from zaya_jax.train.loss import LossSums, chunked_objective
 from zaya_jax.train.state import TrainState
 
 BATCH_KEYS = ("input_ids", "labels", "loss_mask")
@@ -47,9 +48,10 @@ def micro_loss(graphdef, params, biases, mb: dict, config: ml_collections.Config
     model = nnx.merge(graphdef, params, biases)
     h, stats = model.hidden_states(sharding.constrain_batch(mb["input_ids"]),
                                    context_layout=config.mesh.context_layout)
-    sums = chunked_loss_sums(h, model.logits, mb["labels"], mb["loss_mask"], config.train.loss_chunk,
-                             context_blocks())
-    return objective(sums, config.train.z_loss), (sums, stats)
+    total, sums = chunked_objective(h, model.embed[...], mb["labels"], mb["loss_mask"], z_loss=config.train.z_loss,
+                                    chunk=config.train.loss_chunk, blocks=context_blocks(),
+                                    dtype=dtype_of(config.model.dtype))
+    return total, (sums, stats)
 
 
 def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections.ConfigDict):
