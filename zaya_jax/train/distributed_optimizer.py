@@ -32,15 +32,18 @@ from zaya_jax.train.zero1 import Group, GroupState
 
 
 def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[n·s, S], [n·C] local partial sums → [s, S], [C] sums over the group's devices of this device's part."""
-    rs = lambda x: jax.lax.psum_scatter(x, group.axes, scatter_dimension=0, tiled=True)  # noqa: E731
-    return (rs(slots) if slots.size else slots), (rs(flat) if flat.size else flat)
+    """[s, n, S], [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what this device owns."""
+    def rs(x, dim):
+        return jax.lax.psum_scatter(x, group.axes, scatter_dimension=dim, tiled=True) if x.size else x
+    s, n, size = slots.shape
+    return rs(slots, 1).reshape(s, size if n else 0), rs(flat, 0)
 
 
 def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """[s, S], [C] owned master weights → [n·s, S], [n·C] everyone's, in `dtype`."""
-    ag = lambda x: jax.lax.all_gather(x.astype(dtype), group.axes, axis=0, tiled=True)  # noqa: E731
-    return (ag(slots) if slots.size else slots.astype(dtype)), (ag(flat) if flat.size else flat.astype(dtype))
+    """[s, S], [C] owned master weights → [s, n, S], [n·C] everyone's, in `dtype`."""
+    def ag(x, dim):
+        return jax.lax.all_gather(x.astype(dtype), group.axes, axis=dim, tiled=True) if x.size else x.astype(dtype)
+    return ag(slots[:, None], 1), ag(flat, 0)
 
 
 def group_index(group: Group) -> jax.Array:
@@ -140,10 +143,11 @@ def update(groups: tuple[Group, ...], states: tuple[GroupState, ...], grads: lis
 
 
 def local_group_state(state: GroupState) -> GroupState:
-    """Inside the step's shard_map the [O, rows, ...] arrays arrive as [1, s, ...]: drop the outer dim."""
-    return GroupState(*(x[0] for x in state))
+    """Inside the step's shard_map the slots [O, s, n, S] arrive as [1, s, 1, S] and the flat [O, n·C] as
+    [1, C]: this device's [s, S] and [C]."""
+    return GroupState(*(x[0, :, 0] if x.ndim == 4 else x[0] for x in state))
 
 
 def global_group_state(state: GroupState) -> GroupState:
-    return GroupState(*(x[None] for x in state))
+    return GroupState(*(x[None, :, None] if x.ndim == 2 else x[None] for x in state))
 

@@ -4,9 +4,9 @@ devices by owner layouts (`zaya_jax.parallel.owners`; arXiv 2511.17127 §2; docs
     Zero1State.params   nnx.State in the compute dtype (`model.dtype`): what forward/backward read, replicated
                         (routed experts split over `expert` under expert parallelism)
     Zero1State.groups   per group (the devices a parameter is replicated over), global arrays split over those
-                        devices along dim 1:
-                          master_slots, momentum  [O, n·s, S] fp32   Muon matrices in owner slots
-                          master_flat, adam_mu, adam_nu  [O, n·C] fp32   AdamW leaves, flattened
+                        devices:
+                          master_slots, momentum  [O, s, n, S] fp32   Muon matrices in owner slots (dim 2 split)
+                          master_flat, adam_mu, adam_nu  [O, n·C] fp32   AdamW leaves, flattened (dim 1 split)
                         O = the number of shards of the group's parameters (expert-axis size for the routed
                         experts under expert parallelism, else 1).
 
@@ -57,8 +57,10 @@ class Group:
     flat: FlatLayout
 
     def spec(self, ndim: int) -> P:
-        """Spec of the group's [O, rows, (S)] state arrays."""
-        return P(self.outer or None, self.axes, *([None] * (ndim - 2)))
+        """Spec of the group's state arrays: slots [O, s, n, S] (dim 2 over the group's devices), flat [O, n·C]."""
+        if ndim == 4:
+            return P(self.outer or None, None, self.axes, None)
+        return P(self.outer or None, self.axes)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,51 +139,74 @@ def leaf_name_of(name: str) -> str:
 # ----------------------------------------------------------------------------- local pack / unpack
 
 
-def pack_slots(slots: SlotLayout, leaves: Arrays, dtype) -> jax.Array:
-    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [n·s, S] in `dtype`."""
-    if not slots.num_bins:
-        return jnp.zeros((0, 0), dtype)
-    num_layers, size = slots.num_layers, slots.bin_size
-    columns = []
+def _layer_bins(slots: SlotLayout, leaves: Arrays, layer: jax.Array, dtype) -> jax.Array:
+    """Layer `layer`'s B bins [B, S] in `dtype` from stacked local leaves [L, ...]."""
+    rows = []
     for segments in slots.bins:
         parts = []
         for seg in segments:
             m = seg.matrix
-            x = leaves[m.leaf][(slice(None), *m.index)]  # [L, rows, cols (× 2 when split)]
+            x = jax.lax.dynamic_index_in_dim(leaves[m.leaf], layer, keepdims=False)[m.index]  # [rows, cols(·2)]
             if m.half is not None:
                 x = x[..., m.half * m.cols:(m.half + 1) * m.cols]
-            parts.append(x.reshape(num_layers, m.size).astype(dtype))
+            parts.append(x.reshape(m.size).astype(dtype))
         used = sum(seg.matrix.size for seg in segments)
-        if used < size:
-            parts.append(jnp.zeros((num_layers, size - used), dtype))
-        columns.append(jnp.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
-    rows = jnp.stack(columns, axis=1).reshape(slots.num_bins, size)
-    return jnp.pad(rows, ((0, slots.rows - slots.num_bins), (0, 0)))
+        if used < slots.bin_size:
+            parts.append(jnp.zeros((slots.bin_size - used,), dtype))
+        rows.append(jnp.concatenate(parts) if len(parts) > 1 else parts[0])
+    return jnp.stack(rows)
 
 
-def unpack_slots(slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]]) -> Arrays:
-    """Inverse of `pack_slots`: [n·s, S] → {name: [L, ...] local leaf} (dtype of `rows`)."""
+def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None = None) -> jax.Array:
+    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [s, n, S] in `dtype`.
+
+    Written layer by layer into one buffer (a layer's bins are contiguous rows), so nothing bigger than one
+    layer's bins is built on the side; with `acc` [s, n, S] the layer's bins are added to it in place."""
+    s, n, size = slots.slots, slots.devices, slots.bin_size
+    if not slots.num_bins:
+        return jnp.zeros((0, n, 0), dtype)
+    per = slots.bins_per_layer
+    buf = jnp.zeros((s * n, size), dtype) if acc is None else acc.reshape(s * n, size)
+
+    def layer(l, buf):
+        rows = _layer_bins(slots, leaves, l, dtype)
+        if acc is not None:
+            rows = rows + jax.lax.dynamic_slice(buf, (l * per, 0), (per, size))
+        return jax.lax.dynamic_update_slice(buf, rows, (l * per, 0))
+
+    return jax.lax.fori_loop(0, slots.num_layers, layer, buf).reshape(s, n, size)
+
+
+def unpack_slots(slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]],
+                 into: Arrays | None = None) -> Arrays:
+    """Inverse of `pack_slots`: [s, n, S] → {name: [L, ...] local leaf} in the dtype of `rows`, written layer by
+    layer into `into`'s arrays (e.g. the donated previous parameters, updated in place) or into zeros."""
     if not slots.num_bins:
         return {}
-    num_layers = slots.num_layers
-    bins = rows[:slots.num_bins].reshape(num_layers, slots.bins_per_layer, slots.bin_size)
-    pieces: dict[str, dict] = {}
-    for i, segments in enumerate(slots.bins):
-        for seg in segments:
-            m = seg.matrix
-            x = bins[:, i, seg.offset:seg.offset + m.size].reshape(num_layers, m.rows, m.cols)
-            pieces.setdefault(m.leaf, {})[(m.index, m.half)] = x
-    out = {}
-    for name, parts in pieces.items():
-        shape = shapes[name]
-        mats = []
-        for idx in np.ndindex(*shape[1:-2]):
-            if (idx, None) in parts:
-                mats.append(parts[(idx, None)])
-            else:
-                mats.append(jnp.concatenate([parts[(idx, 0)], parts[(idx, 1)]], axis=-1))
-        out[name] = jnp.stack(mats, axis=1).reshape(shape)
-    return out
+    per, size = slots.bins_per_layer, slots.bin_size
+    flat = rows.reshape(-1, size)
+    names = list(dict.fromkeys(seg.matrix.leaf for b in slots.bins for seg in b))
+    out = {n: (into[n].astype(rows.dtype) if into is not None else jnp.zeros(shapes[n], rows.dtype)) for n in names}
+
+    def layer(l, out):
+        bins = jax.lax.dynamic_slice(flat, (l * per, 0), (per, size))
+        parts: dict[str, dict] = {}
+        for i, segments in enumerate(slots.bins):
+            for seg in segments:
+                m = seg.matrix
+                parts.setdefault(m.leaf, {})[(m.index, m.half)] = \
+                    bins[i, seg.offset:seg.offset + m.size].reshape(m.rows, m.cols)
+        new = {}
+        for name in names:
+            lead = shapes[name][1:-2]
+            mats = [parts[name][(idx, None)] if (idx, None) in parts[name]
+                    else jnp.concatenate([parts[name][(idx, 0)], parts[name][(idx, 1)]], axis=-1)
+                    for idx in np.ndindex(*lead)]
+            layer_value = jnp.stack(mats).reshape(shapes[name][1:])
+            new[name] = jax.lax.dynamic_update_index_in_dim(out[name], layer_value, l, 0)
+        return new
+
+    return jax.lax.fori_loop(0, slots.num_layers, layer, out)
 
 
 def pack_flat(flat: FlatLayout, leaves: Arrays, dtype) -> jax.Array:
@@ -228,7 +253,7 @@ def _merge_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> 
 
 def pack_global(layout: Zero1Layout, sizes: dict[str, int], values: Arrays, dtype=jnp.float32
                 ) -> tuple[tuple[jax.Array, jax.Array], ...]:
-    """Global parameter-shaped arrays → per group (slots [O, n·s, S], flat [O, n·C])."""
+    """Global parameter-shaped arrays → per group (slots [O, s, n, S], flat [O, n·C])."""
     out = []
     for group in layout.groups:
         shapes = local_shapes(layout, group, sizes)
@@ -251,8 +276,8 @@ def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
 
 
 class GroupState(NamedTuple):
-    master_slots: jax.Array  # [O, n·s, S] fp32
-    momentum: jax.Array  # [O, n·s, S] fp32 (Muon)
+    master_slots: jax.Array  # [O, s, n, S] fp32
+    momentum: jax.Array  # [O, s, n, S] fp32 (Muon)
     master_flat: jax.Array  # [O, n·C] fp32
     adam_mu: jax.Array  # [O, n·C] fp32
     adam_nu: jax.Array  # [O, n·C] fp32

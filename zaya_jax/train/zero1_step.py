@@ -35,13 +35,22 @@ from zaya_jax.train.zero1 import (Zero1Setup, Zero1State, fill, local_shapes, na
                                   unpack_flat, unpack_slots)
 
 
-def _pack(setup: Zero1Setup, grads: Any, dtype) -> list[tuple[jax.Array, jax.Array]]:
+def _pack(setup: Zero1Setup, grads: Any, dtype, acc: list | None = None) -> list[tuple[jax.Array, jax.Array]]:
+    """Per group (slots [s, n, S], flat [n·C]) of `grads` in `dtype`, added to `acc` (in place) when given."""
     leaves = dict(named_leaves(grads))
-    return [(pack_slots(g.slots, leaves, dtype), pack_flat(g.flat, leaves, dtype)) for g in setup.layout.groups]
+    out = []
+    for k, g in enumerate(setup.layout.groups):
+        slots = pack_slots(g.slots, leaves, dtype, None if acc is None else acc[k][0])
+        flat = pack_flat(g.flat, leaves, dtype)
+        out.append((slots, flat if acc is None else acc[k][1] + flat))
+    return out
 
 
 def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
-    """This device's summed gradients packed in the owner layout, its LossSums, counts [L, E+1], dropped [L]."""
+    """This device's summed gradients packed in the owner layout, its LossSums, counts [L, E+1], dropped [L].
+
+    Micro-batches are accumulated in fp32 in the packed layout itself (layer by layer, in place): no collective
+    and no second gradient-sized buffer per micro-batch."""
     grad_fn = jax.grad(lambda p, mb: micro_loss(graphdef, p, state.biases, mb, config), has_aux=True)
     reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
     if config.train.microbatches == 1:
@@ -51,7 +60,7 @@ def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections
     def body(carry, mb):
         acc, sums_acc, counts, dropped = carry
         grads, (sums, stats) = grad_fn(state.params, mb)
-        acc = jax.tree.map(jnp.add, acc, _pack(setup, grads, jnp.float32))
+        acc = _pack(setup, grads, jnp.float32, acc)
         return (acc, jax.tree.map(jnp.add, sums_acc, sums), counts + stats.counts, dropped + stats.dropped), None
 
     shapes = jax.eval_shape(lambda p: _pack(setup, p, jnp.float32), state.params)
@@ -61,15 +70,16 @@ def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections
     return jax.tree.map(lambda x: x.astype(reduce_dtype), acc), sums, counts, dropped
 
 
-def _gather_params(setup: Zero1Setup, template: Any, groups, dtype) -> Any:
-    """All-gather every group's updated master weights in `dtype` and rebuild the parameter tree."""
-    values = {}
+def _gather_params(setup: Zero1Setup, params: Any, groups, dtype) -> Any:
+    """All-gather every group's updated master weights in `dtype` and write them into the (donated) previous
+    parameter tree `params`, layer by layer."""
+    old, values = dict(named_leaves(params)), {}
     for group, state in zip(setup.layout.groups, groups):
         shapes = local_shapes(setup.layout, group, setup.sizes)
         slots, flat = dist.all_gather(group, state.master_slots, state.master_flat, dtype)
-        values.update(unpack_slots(group.slots, slots, shapes))
+        values.update(unpack_slots(group.slots, slots, shapes, into=old))
         values.update(unpack_flat(group.flat, flat, shapes))
-    return fill(template, values)
+    return fill(params, values)
 
 
 def zero1_local_step(state: Zero1State, batch: dict, *, graphdef, setup: Zero1Setup,
