@@ -8,7 +8,7 @@ are stacked along a leading [L] axis, so compile time does not grow with depth.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import chex
 import jax
@@ -63,6 +63,33 @@ class DecoderLayer(nnx.Module):
         return self.moe_merge(z, r), router_state, stats
 
 
+def layer_function(graphdef, positions: jax.Array, layout: str | None):
+    """`f(layer_state, r, a) -> ((r, a), MoEStats)`: one decoder layer (§2) as a pure function of its variables."""
+    def f(layer_state, r, a):
+        r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions, layout)
+        return (r, a), stats
+    return f
+
+
+def scan_layers(graphdef, stacked, r: jax.Array, a: jax.Array, positions: jax.Array, layout: str | None,
+                remat: str):
+    """The decoder stack as a `lax.scan` over the stacked layer variables (compile time flat in depth), with the
+    `remat` policy. r: [B, S, H] fp32, a: [B, S, R] fp32 → (r, MoEStats stacked over layers)."""
+    layer = layer_function(graphdef, positions, layout)
+
+    def body(carry, layer_state):
+        return layer(layer_state, *carry)
+
+    if remat != "none":
+        body = jax.checkpoint(body, policy=REMAT_POLICIES[remat], prevent_cse=False)
+    (r, _), stats = jax.lax.scan(body, (r, a), stacked)
+    return r, stats
+
+
+# (graphdef, stacked layer variables, r, a, positions, layout, remat) -> (r, stats); see `scan_layers`
+LayerRunner = Callable[..., tuple[jax.Array, "MoEStats"]]
+
+
 class ForwardOutput(NamedTuple):
     logits: jax.Array  # [B, S, V] fp32
     stats: MoEStats  # counts [L, E+1], dropped [L]
@@ -104,12 +131,14 @@ class Zaya(nnx.Module):
         return (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                      context_layout: str = "contiguous"):
+                      context_layout: str = "contiguous", run_layers: "LayerRunner | None" = None):
         """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats).
 
         Under an active mesh with a `context` axis > 1, CCA runs context-parallel in `context_layout`
         ("contiguous" | "zigzag", see `zaya_jax.parallel.context`); for zigzag the layer stack runs in
         zigzag token order and the hidden state is returned in natural order. Results do not depend on it.
+        run_layers: how the stacked layers run (default `scan_layers`); the ZeRO-1 step passes one whose
+        backward pass accumulates parameter gradients straight into its reduce-scatter buffers.
         """
         m = self.cfg
         chex.assert_rank(input_ids, 2)
@@ -128,15 +157,7 @@ class Zaya(nnx.Module):
         r = self.embed_tokens(input_ids)
         router_state = jnp.zeros((b, s, m.router_hidden_size), jnp.float32)
         graphdef, stacked = nnx.split(self.layers)
-
-        def body(carry, layer_state):
-            r, a = carry
-            r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions, layout)
-            return (r, a), stats
-
-        if m.remat != "none":
-            body = jax.checkpoint(body, policy=REMAT_POLICIES[m.remat], prevent_cse=False)
-        (r, _), stats = jax.lax.scan(body, (r, router_state), stacked)
+        r, stats = (run_layers or scan_layers)(graphdef, stacked, r, router_state, positions, layout, m.remat)
         h = self.final_norm(r)
         return (h if layout is None else context.from_layout(h, layout)), stats
 

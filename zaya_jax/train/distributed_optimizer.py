@@ -40,9 +40,20 @@ def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax
 
 
 def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """[s, S], [C] owned master weights → [s, n, S], [n·C] everyone's, in `dtype`."""
+    """[s, S], [C] owned master weights → [s, n, S], [n·C] everyone's, in `dtype`.
+
+    A gather only moves bits: 2-byte dtypes travel as uint16, so no backend widens them (XLA:CPU runs bf16
+    collectives in fp32)."""
+    bits = jnp.uint16 if jnp.dtype(dtype).itemsize == 2 else None
+
     def ag(x, dim):
-        return jax.lax.all_gather(x.astype(dtype), group.axes, axis=dim, tiled=True) if x.size else x.astype(dtype)
+        x = x.astype(dtype)
+        if not x.size:
+            return x
+        if bits is not None:
+            x = jax.lax.bitcast_convert_type(x, bits)
+        y = jax.lax.all_gather(x, group.axes, axis=dim, tiled=True)
+        return jax.lax.bitcast_convert_type(y, dtype) if bits is not None else y
     return ag(slots[:, None], 1), ag(flat, 0)
 
 

@@ -43,11 +43,12 @@ def context_blocks() -> int:
     return 1 if mesh is None or in_manual_region() else int(mesh.shape["context"])
 
 
-def micro_loss(graphdef, params, biases, mb: dict, config: ml_collections.ConfigDict):
-    """(summed objective, (LossSums, MoEStats)) of one (micro)batch; differentiate w.r.t. `params`."""
+def micro_loss(graphdef, params, biases, mb: dict, config: ml_collections.ConfigDict, run_layers=None):
+    """(summed objective, (LossSums, MoEStats)) of one (micro)batch; differentiate w.r.t. `params`.
+    run_layers: how the layer stack runs (`Zaya.hidden_states`)."""
     model = nnx.merge(graphdef, params, biases)
     h, stats = model.hidden_states(sharding.constrain_batch(mb["input_ids"]),
-                                   context_layout=config.mesh.context_layout)
+                                   context_layout=config.mesh.context_layout, run_layers=run_layers)
     total, sums = chunked_objective(h, model.embed[...], mb["labels"], mb["loss_mask"], z_loss=config.train.z_loss,
                                     chunk=config.train.loss_chunk, blocks=context_blocks(),
                                     dtype=dtype_of(config.model.dtype))

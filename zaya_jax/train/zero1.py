@@ -139,14 +139,14 @@ def leaf_name_of(name: str) -> str:
 # ----------------------------------------------------------------------------- local pack / unpack
 
 
-def _layer_bins(slots: SlotLayout, leaves: Arrays, layer: jax.Array, dtype) -> jax.Array:
-    """Layer `layer`'s B bins [B, S] in `dtype` from stacked local leaves [L, ...]."""
+def layer_bins(slots: SlotLayout, layer_leaves: Arrays, dtype) -> jax.Array:
+    """One layer's B bins [B, S] in `dtype` from that layer's (local) leaves {name: [...]} (no [L] axis)."""
     rows = []
     for segments in slots.bins:
         parts = []
         for seg in segments:
             m = seg.matrix
-            x = jax.lax.dynamic_index_in_dim(leaves[m.leaf], layer, keepdims=False)[m.index]  # [rows, cols(·2)]
+            x = layer_leaves[m.leaf][m.index]  # [rows, cols (× 2 when split)]
             if m.half is not None:
                 x = x[..., m.half * m.cols:(m.half + 1) * m.cols]
             parts.append(x.reshape(m.size).astype(dtype))
@@ -168,8 +168,11 @@ def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None =
     per = slots.bins_per_layer
     buf = jnp.zeros((s * n, size), dtype) if acc is None else acc.reshape(s * n, size)
 
+    names = {seg.matrix.leaf for b in slots.bins for seg in b}
+
     def layer(l, buf):
-        rows = _layer_bins(slots, leaves, l, dtype)
+        rows = layer_bins(slots, {n: jax.lax.dynamic_index_in_dim(leaves[n], l, keepdims=False) for n in names},
+                          dtype)
         if acc is not None:
             rows = rows + jax.lax.dynamic_slice(buf, (l * per, 0), (per, size))
         return jax.lax.dynamic_update_slice(buf, rows, (l * per, 0))

@@ -28,8 +28,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
+from zaya_jax.train import accumulate, schedule
 from zaya_jax.train import distributed_optimizer as dist
-from zaya_jax.train import schedule
+from zaya_jax.train.accumulate import LAYERS
 from zaya_jax.train.step import BATCH_KEYS, balance_and_metrics, micro_loss, micro_split, zero_stats
 from zaya_jax.train.zero1 import (Zero1Setup, Zero1State, fill, local_shapes, named_leaves, pack_flat, pack_slots,
                                   unpack_flat, unpack_slots)
@@ -46,11 +47,57 @@ def _pack(setup: Zero1Setup, grads: Any, dtype, acc: list | None = None) -> list
     return out
 
 
+def split_layers(params: Any) -> tuple[Any, Any]:
+    """(the stacked layers' parameters, every other parameter) of a model's parameter State."""
+    return params[LAYERS], nnx.State({k: v for k, v in params.items() if k != LAYERS})
+
+
+def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict,
+                       setup: Zero1Setup):
+    """`local_grads` with the layers' gradients accumulated in fp32 inside the backward pass
+    (`zaya_jax.train.accumulate`): no gradient-sized array besides the reduce-scatter buffers."""
+    layer_params, other = split_layers(state.params)
+
+    def loss(other_params, sinks, mb):
+        params = nnx.State({**other_params, LAYERS: layer_params})
+        runner = accumulate.accumulating_layers(setup, sinks)
+        return micro_loss(graphdef, params, state.biases, mb, config, run_layers=runner)
+
+    grad_fn = jax.grad(loss, argnums=(0, 1), has_aux=True)
+    shapes = {f"{LAYERS}/{n}": x.shape for n, x in named_leaves(layer_params)}
+    sinks = accumulate.zero_sinks(setup, shapes)
+    f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
+    if config.train.microbatches == 1:
+        (other_grads, sinks), (sums, stats) = grad_fn(other, sinks, batch)
+        counts, dropped = stats.counts, stats.dropped
+    else:
+        def body(carry, mb):
+            acc, sinks, sums_acc, counts, dropped = carry
+            (grads, sinks), (sums, stats) = grad_fn(other, sinks, mb)
+            acc = jax.tree.map(lambda x, g: x + g.astype(jnp.float32), acc, grads)
+            return (acc, sinks, jax.tree.map(jnp.add, sums_acc, sums), counts + stats.counts,
+                    dropped + stats.dropped), None
+
+        init = (f32(jax.tree.map(jnp.zeros_like, other)), sinks, *zero_stats(config))
+        (other_grads, sinks, sums, counts, dropped), _ = jax.lax.scan(body, init,
+                                                                      micro_split(batch, config.train.microbatches))
+    reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
+    leaves = dict(named_leaves(other_grads))
+    packed = []
+    for group, slots, small in zip(setup.layout.groups, sinks.slots, sinks.small):
+        slot_rows = slots.reshape(group.slots.slots, group.slots.devices, group.slots.bin_size)
+        packed.append((slot_rows.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
+    return packed, sums, counts, dropped
+
+
 def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
     """This device's summed gradients packed in the owner layout, its LossSums, counts [L, E+1], dropped [L].
 
-    Micro-batches are accumulated in fp32 in the packed layout itself (layer by layer, in place): no collective
-    and no second gradient-sized buffer per micro-batch."""
+    With `model.remat=full` the layers' gradients are accumulated inside the backward pass
+    (`_fused_local_grads`); otherwise plain autodiff, packed afterwards, micro-batches accumulated in fp32 in the
+    packed layout itself (layer by layer, in place). Either way no collective runs per micro-batch."""
+    if config.model.remat == "full":
+        return _fused_local_grads(graphdef, state, batch, config, setup)
     grad_fn = jax.grad(lambda p, mb: micro_loss(graphdef, p, state.biases, mb, config), has_aux=True)
     reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
     if config.train.microbatches == 1:
