@@ -6,9 +6,10 @@ expert parallelism). Those axes form the parameter's *group*; the group's n devi
 
 * `SlotLayout` — Muon matrices, kept whole. The matrices of one layer are packed first-fit-decreasing into bins
   of S elements (S = the largest matrix of the group; small matrices share a bin), the same pattern for every
-  layer. Bins are numbered layer-major (b = l·B + i) and dealt round-robin: device d owns bins d, d + n,
-  d + 2n, … — its s = ceil(L·B / n) *slots* (the list is padded with empty bins), so a layer's B bins are
-  contiguous rows [l·B, (l+1)·B) of the [s·n, S] slot array and its matrices land on B different devices.
+  layer. Bins are numbered layer-major (b = l·B + i); device d owns the s = ceil(L·B / n) consecutive bins
+  [d·s, (d+1)·s) — its *slots* (the list is padded with empty bins). Both a layer's bins and a device's
+  slots are contiguous rows of the [n·s, S] slot array: gradients are packed layer by layer, and the
+  reduce-scatter / all-gather move each device's rows as one block.
   The owner keeps a bin's momentum and fp32 master weights and runs Newton–Schulz on its matrices; nobody
   else touches them. Every device runs the same program: a slot's *type* (its pattern of matrix shapes)
   selects the branch.
@@ -110,7 +111,7 @@ class SlotLayout:
 
     @property
     def rows(self) -> int:
-        """s·n: bins including the padding (≥ L·B); slot arrays are [s, n, S], bin b at [b // n, b % n]."""
+        """n·s: rows of the group's slot arrays [n·s, S] (≥ L·B; the rest are empty bins)."""
         return self.devices * self.slots
 
     @property
@@ -122,14 +123,14 @@ class SlotLayout:
         per_layer = np.asarray(self.bin_types, np.int32)
         types = np.full(self.rows, EMPTY, np.int32)
         types[:self.num_bins] = np.tile(per_layer, self.num_layers)
-        return types.reshape(self.slots, self.devices).T
+        return types.reshape(self.devices, self.slots)
 
     def ns_flops_per_device(self, steps: int) -> np.ndarray:
         """[n] Newton–Schulz FLOPs each device runs per optimizer step (its owned matrices)."""
         cost = [sum(ns_flops(s.matrix.rows, s.matrix.cols, steps) for s in b) for b in self.bins]
         per_row = np.zeros(self.rows)
         per_row[:self.num_bins] = np.tile(cost, self.num_layers)
-        return per_row.reshape(self.slots, self.devices).sum(axis=0)
+        return per_row.reshape(self.devices, self.slots).sum(axis=1)
 
     def padding_fraction(self) -> float:
         """Fraction of the slot arrays that hold no matrix (empty bins and unused bin tails)."""

@@ -32,29 +32,28 @@ from zaya_jax.train.zero1 import Group, GroupState
 
 
 def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[s, n, S], [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what this device owns."""
-    def rs(x, dim):
-        return jax.lax.psum_scatter(x, group.axes, scatter_dimension=dim, tiled=True) if x.size else x
-    s, n, size = slots.shape
-    return rs(slots, 1).reshape(s, size if n else 0), rs(flat, 0)
+    """[n·s, S], [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what this device owns."""
+    def rs(x):
+        return jax.lax.psum_scatter(x, group.axes, scatter_dimension=0, tiled=True) if x.size else x
+    return rs(slots), rs(flat)
 
 
 def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """[s, S], [C] owned master weights → [s, n, S], [n·C] everyone's, in `dtype`.
+    """[s, S], [C] owned master weights → [n·s, S], [n·C] everyone's, in `dtype`.
 
     A gather only moves bits: 2-byte dtypes travel as uint16, so no backend widens them (XLA:CPU runs bf16
     collectives in fp32)."""
     bits = jnp.uint16 if jnp.dtype(dtype).itemsize == 2 else None
 
-    def ag(x, dim):
+    def ag(x):
         x = x.astype(dtype)
         if not x.size:
             return x
         if bits is not None:
             x = jax.lax.bitcast_convert_type(x, bits)
-        y = jax.lax.all_gather(x, group.axes, axis=dim, tiled=True)
+        y = jax.lax.all_gather(x, group.axes, axis=0, tiled=True)
         return jax.lax.bitcast_convert_type(y, dtype) if bits is not None else y
-    return ag(slots[:, None], 1), ag(flat, 0)
+    return ag(slots), ag(flat)
 
 
 def group_index(group: Group) -> jax.Array:
@@ -154,11 +153,10 @@ def update(groups: tuple[Group, ...], states: tuple[GroupState, ...], grads: lis
 
 
 def local_group_state(state: GroupState) -> GroupState:
-    """Inside the step's shard_map the slots [O, s, n, S] arrive as [1, s, 1, S] and the flat [O, n·C] as
-    [1, C]: this device's [s, S] and [C]."""
-    return GroupState(*(x[0, :, 0] if x.ndim == 4 else x[0] for x in state))
+    """Inside the step's shard_map the [O, rows, ...] arrays arrive as [1, s, ...]: this device's [s, S] / [C]."""
+    return GroupState(*(x[0] for x in state))
 
 
 def global_group_state(state: GroupState) -> GroupState:
-    return GroupState(*(x[None, :, None] if x.ndim == 2 else x[None] for x in state))
+    return GroupState(*(x[None] for x in state))
 

@@ -5,8 +5,8 @@ devices by owner layouts (`zaya_jax.parallel.owners`; arXiv 2511.17127 §2; docs
                         (routed experts split over `expert` under expert parallelism)
     Zero1State.groups   per group (the devices a parameter is replicated over), global arrays split over those
                         devices:
-                          master_slots, momentum  [O, s, n, S] fp32   Muon matrices in owner slots (dim 2 split)
-                          master_flat, adam_mu, adam_nu  [O, n·C] fp32   AdamW leaves, flattened (dim 1 split)
+                          master_slots, momentum  [O, n·s, S] fp32   Muon matrices in owner slots
+                          master_flat, adam_mu, adam_nu  [O, n·C] fp32   AdamW leaves, flattened
                         O = the number of shards of the group's parameters (expert-axis size for the routed
                         experts under expert parallelism, else 1).
 
@@ -57,10 +57,8 @@ class Group:
     flat: FlatLayout
 
     def spec(self, ndim: int) -> P:
-        """Spec of the group's state arrays: slots [O, s, n, S] (dim 2 over the group's devices), flat [O, n·C]."""
-        if ndim == 4:
-            return P(self.outer or None, None, self.axes, None)
-        return P(self.outer or None, self.axes)
+        """Spec of the group's state arrays, slots [O, n·s, S] and flat [O, n·C]: dim 1 over the group's devices."""
+        return P(self.outer or None, self.axes, *([None] * (ndim - 2)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,15 +156,14 @@ def layer_bins(slots: SlotLayout, layer_leaves: Arrays, dtype) -> jax.Array:
 
 
 def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None = None) -> jax.Array:
-    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [s, n, S] in `dtype`.
+    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [n·s, S] in `dtype`.
 
     Written layer by layer into one buffer (a layer's bins are contiguous rows), so nothing bigger than one
-    layer's bins is built on the side; with `acc` [s, n, S] the layer's bins are added to it in place."""
-    s, n, size = slots.slots, slots.devices, slots.bin_size
+    layer's bins is built on the side; with `acc` [n·s, S] the layer's bins are added to it in place."""
     if not slots.num_bins:
-        return jnp.zeros((0, n, 0), dtype)
-    per = slots.bins_per_layer
-    buf = jnp.zeros((s * n, size), dtype) if acc is None else acc.reshape(s * n, size)
+        return jnp.zeros((0, 0), dtype)
+    per, size = slots.bins_per_layer, slots.bin_size
+    buf = jnp.zeros((slots.rows, size), dtype) if acc is None else acc
 
     names = {seg.matrix.leaf for b in slots.bins for seg in b}
 
@@ -177,22 +174,21 @@ def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None =
             rows = rows + jax.lax.dynamic_slice(buf, (l * per, 0), (per, size))
         return jax.lax.dynamic_update_slice(buf, rows, (l * per, 0))
 
-    return jax.lax.fori_loop(0, slots.num_layers, layer, buf).reshape(s, n, size)
+    return jax.lax.fori_loop(0, slots.num_layers, layer, buf)
 
 
 def unpack_slots(slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]],
                  into: Arrays | None = None) -> Arrays:
-    """Inverse of `pack_slots`: [s, n, S] → {name: [L, ...] local leaf} in the dtype of `rows`, written layer by
+    """Inverse of `pack_slots`: [n·s, S] → {name: [L, ...] local leaf} in the dtype of `rows`, written layer by
     layer into `into`'s arrays (e.g. the donated previous parameters, updated in place) or into zeros."""
     if not slots.num_bins:
         return {}
     per, size = slots.bins_per_layer, slots.bin_size
-    flat = rows.reshape(-1, size)
     names = list(dict.fromkeys(seg.matrix.leaf for b in slots.bins for seg in b))
     out = {n: (into[n].astype(rows.dtype) if into is not None else jnp.zeros(shapes[n], rows.dtype)) for n in names}
 
     def layer(l, out):
-        bins = jax.lax.dynamic_slice(flat, (l * per, 0), (per, size))
+        bins = jax.lax.dynamic_slice(rows, (l * per, 0), (per, size))
         parts: dict[str, dict] = {}
         for i, segments in enumerate(slots.bins):
             for seg in segments:
@@ -256,7 +252,7 @@ def _merge_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> 
 
 def pack_global(layout: Zero1Layout, sizes: dict[str, int], values: Arrays, dtype=jnp.float32
                 ) -> tuple[tuple[jax.Array, jax.Array], ...]:
-    """Global parameter-shaped arrays → per group (slots [O, s, n, S], flat [O, n·C])."""
+    """Global parameter-shaped arrays → per group (slots [O, n·s, S], flat [O, n·C])."""
     out = []
     for group in layout.groups:
         shapes = local_shapes(layout, group, sizes)
@@ -279,8 +275,8 @@ def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
 
 
 class GroupState(NamedTuple):
-    master_slots: jax.Array  # [O, s, n, S] fp32
-    momentum: jax.Array  # [O, s, n, S] fp32 (Muon)
+    master_slots: jax.Array  # [O, n·s, S] fp32
+    momentum: jax.Array  # [O, n·s, S] fp32 (Muon)
     master_flat: jax.Array  # [O, n·C] fp32
     adam_mu: jax.Array  # [O, n·C] fp32
     adam_nu: jax.Array  # [O, n·C] fp32

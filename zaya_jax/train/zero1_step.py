@@ -37,7 +37,7 @@ from zaya_jax.train.zero1 import (Zero1Setup, Zero1State, fill, local_shapes, na
 
 
 def _pack(setup: Zero1Setup, grads: Any, dtype, acc: list | None = None) -> list[tuple[jax.Array, jax.Array]]:
-    """Per group (slots [s, n, S], flat [n·C]) of `grads` in `dtype`, added to `acc` (in place) when given."""
+    """Per group (slots [n·s, S], flat [n·C]) of `grads` in `dtype`, added to `acc` (in place) when given."""
     leaves = dict(named_leaves(grads))
     out = []
     for k, g in enumerate(setup.layout.groups):
@@ -85,8 +85,7 @@ def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_coll
     leaves = dict(named_leaves(other_grads))
     packed = []
     for group, slots, small in zip(setup.layout.groups, sinks.slots, sinks.small):
-        slot_rows = slots.reshape(group.slots.slots, group.slots.devices, group.slots.bin_size)
-        packed.append((slot_rows.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
+        packed.append((slots.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
     return packed, sums, counts, dropped
 
 
