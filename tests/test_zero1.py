@@ -119,7 +119,9 @@ def test_zero1_updates_equal_single_device_optimizer(data, expert):
     losses, state = _train(config_for(data, expert, "zero1"))
     ref_losses, ref_state = _train(config_for(1, 1, "replicated"))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    assert_trees_close(state.params, ref_state.params, 1e-5, "params")
+    # gradients agree to ~1e-6 (test above); AdamW divides by sqrt(v) per element, which turns that into up to
+    # ~3e-5 relative differences in the updates of elements with tiny gradients
+    assert_trees_close(state.params, ref_state.params, 1e-4, "params")
     assert_trees_close(state.opt_state, ref_state.opt_state, 1e-4, "optimizer state")
     assert int(state.step) == 2
 

@@ -385,9 +385,13 @@ class Zero1Setup:
         self.shardings = shardings  # NamedShardings of the Zero1State
         self.canonical_shardings = canonical_shardings  # of the per-parameter TrainState (checkpoints)
         self.abstract_canonical = abstract_canonical  # ShapeDtypeStructs with shardings (Orbax restore target)
-        self._to = jax.jit(lambda s: to_canonical(layout, sizes, s, abstract_canonical.opt_state),
+        # The layouts do not map onto per-parameter shardings: gather the input first (one leaf at a time when
+        # memory is tight), then every device picks its own output shards. Save/restore time only.
+        everywhere = NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
+        gather = lambda tree: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, everywhere), tree)  # noqa
+        self._to = jax.jit(lambda s: to_canonical(layout, sizes, gather(s), abstract_canonical.opt_state),
                            out_shardings=canonical_shardings)
-        self._from = jax.jit(lambda c: from_canonical(layout, sizes, c), out_shardings=shardings)
+        self._from = jax.jit(lambda c: from_canonical(layout, sizes, gather(c)), out_shardings=shardings)
 
     def to_canonical(self, state: Zero1State) -> TrainState:
         return self._to(state)
