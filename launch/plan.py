@@ -93,6 +93,8 @@ def format_plan(r: dict) -> str:
         f"all gradients unsharded would be {mem['gradients_unsharded'] / GB:.2f} GB)",
         f"  peak = args + outputs - aliased + temps = {mem['peak'] / GB:.2f} GB  vs  usable "
         f"{mem['usable'] / GB:.1f} GB of {mem['capacity'] / GB:.0f} GB -> {'FITS' if r['fits'] else 'DOES NOT FIT'}",
+        f"  of which fp32 copies of bf16 parameters that only XLA:CPU makes {mem['cpu_fp32_param_copies'] / GB:.2f} GB"
+        f" -> on a bf16 accelerator about {mem['peak_without_cpu_copies'] / GB:.2f} GB",
         "", "FLOPs per step (global = per device × devices; XLA counts one SPMD partition):",
         f"  XLA cost_analysis flops per device   {fl['xla_cost_analysis_per_device']:.4g}  (while bodies counted ONCE)",
         f"  ... with loop trip counts applied    {fl['xla_cost_analysis_loop_corrected_per_device']:.4g}",

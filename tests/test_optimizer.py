@@ -227,18 +227,7 @@ def test_nnx_optimizer_smoke():
     np.testing.assert_array_equal(model.moe.balancing_bias[...], 0.0)  # not an nnx.Param: untouched
 
 
-# ----------------------------------------------------------------------------- ZeRO-1 hints
-
-
-def test_zero1_state_axes_for_zaya1_base():
-    state = nnx.to_pure_dict(nnx.state(abstract_model(default_config().model), nnx.Param))
-    ax8 = opt_lib.zero1_state_axes(state, 8)
-    assert ax8["layers"]["moe"]["w_in"] == 0 and ax8["layers"]["attn"]["wq"] == 0  # L = 40 batch axis
-    assert ax8["embed"] == 1 and ax8["layers"]["attn_norm"]["scale"] == 1  # hidden axis
-    ax16 = opt_lib.zero1_state_axes(state, 16)
-    assert ax16["layers"]["moe"]["w_in"] == 1 and ax16["layers"]["moe"]["w_out"] == 1  # E = 16
-    assert ax16["layers"]["attn"]["wq"] == 2  # no batch axis divides: matrix axis (gathered in NS)
-    assert opt_lib.zero1_state_axes(state, 1)["embed"] is None
+# ----------------------------------------------------------------------------- per-parameter Muon under GSPMD
 
 
 @pytest.mark.parametrize("axis", [0, 1])

@@ -332,3 +332,26 @@ def test_plan_context_parallel_zigzag():
     m, tokens = cfg.model, result["setup"]["tokens_per_step"]
     square = 4 * m.num_layers * m.num_q_heads * m.head_dim * 256  # QK + AV FLOPs per token over the S×S square
     assert fl["analytic"]["attention_masked_half"] == pytest.approx(3 * (5 / 8 - 1 / 2) * square * tokens)  # n = 2
+
+
+def test_widened_parameter_bytes_counts_fp32_copies_of_bf16_parameters():
+    from zaya_jax.hlo_text import widened_parameter_bytes
+
+    text = """HloModule m
+
+%wrapped_convert_computation (param_0: bf16[4,8]) -> f32[4,8] {
+  %param_0 = bf16[4,8]{1,0} parameter(0)
+  ROOT %convert.1 = f32[4,8]{1,0} convert(%param_0)
+}
+
+ENTRY %main (p0: bf16[4,8], p1: bf16[2,3], p2: f32[5]) -> f32[4,8] {
+  %p0 = bf16[4,8]{1,0} parameter(0)
+  %p1 = bf16[2,3]{1,0} parameter(1)
+  %p2 = f32[5]{0} parameter(2)
+  %wrapped_convert = f32[4,8]{1,0} fusion(%p0), kind=kLoop, calls=%wrapped_convert_computation
+  %convert.2 = f32[2,3]{1,0} convert(%p1)
+  %convert.3 = bf16[5]{0} convert(%p2)
+  ROOT %add = f32[4,8]{1,0} add(%wrapped_convert, %wrapped_convert)
+}
+"""
+    assert widened_parameter_bytes(text) == 4 * (4 * 8 + 2 * 3)  # the bf16 -> f32 copies, not f32 -> bf16

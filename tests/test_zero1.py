@@ -28,7 +28,7 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 
 
 def _config(data: int, expert: int = 1, **model):
-    config = tiny_config(num_experts=8, capacity_factor=8.0, **model)  # cf = E: EP drops nothing
+    config = tiny_config(**{"num_experts": 8, "capacity_factor": 8.0, **model})  # cf = E: EP drops nothing
     config.mesh.data, config.mesh.expert = data, expert
     config.train.seq_len = 32
     config.train.global_batch_size = 8 if (data * expert) % 3 else 6
@@ -221,7 +221,7 @@ def test_gradient_reduction_runs_in_grad_reduce_dtype(dtype):
     config.train.grad_reduce_dtype = dtype
     text = _lowered(config)[0].as_text()
     element = {"float32": "f32", "bfloat16": "bf16"}[dtype]
-    scatters = re.findall(r"reduce_scatter.*?:\s*\(tensor<([^>]*)>\)", text)
+    scatters = re.findall(r'"stablehlo\.reduce_scatter".*?\}\) : \(tensor<([^>]*)>\)', text, flags=re.DOTALL)
     assert scatters and all(s.endswith(element) for s in scatters), scatters
 
 

@@ -89,3 +89,29 @@ def parse_computations(text: str) -> tuple[dict[str, list[Instr]], str]:
             if instr is not None:
                 comps[current].append(instr)
     return comps, entry
+
+
+def widened_parameter_bytes(text: str) -> float:
+    """Bytes of fp32 copies XLA made of whole bf16 entry parameters (`convert`, or a fusion that is only a
+    convert, of a bf16 parameter to f32 of the same dims).
+
+    XLA:CPU has no bf16 kernels for some ops (batched matmuls among them): it converts their bf16 operands to
+    fp32 and, for operands that are loop-invariant slices of a stacked parameter, hoists the conversion of the
+    whole stack out of the layer loop. An accelerator with bf16 GEMMs keeps no such copy, so the planner
+    reports them separately from the XLA:CPU peak.
+    """
+    comps, entry = parse_computations(text)
+    params = {i.name: i.shape for i in comps.get(entry, []) if i.opcode == "parameter"}
+    converts = {name for name, instrs in comps.items()
+                if [i.opcode for i in instrs if i.opcode != "parameter"] == ["convert"]}
+    total = 0.0
+    for instrs in comps.values():
+        for i in instrs:
+            is_convert = i.opcode == "convert" or (i.opcode == "fusion" and any(
+                f"calls=%{c}" in i.attrs or f"calls={c}" in i.attrs for c in converts))
+            if not is_convert or len(i.operands) != 1 or i.operands[0] not in params:
+                continue
+            source = params[i.operands[0]]
+            if source.startswith("bf16") and i.shape.startswith("f32") and shape_dims(source) == shape_dims(i.shape):
+                total += shape_bytes(i.shape)
+    return total

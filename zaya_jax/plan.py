@@ -41,7 +41,7 @@ import ml_collections
 from jax.sharding import NamedSharding
 
 from zaya_jax import cluster as cluster_lib
-from zaya_jax import hlo_stats, projection, sizing
+from zaya_jax import hlo_stats, hlo_text, projection, sizing
 from zaya_jax.config import validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
@@ -241,6 +241,8 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
     tokens = t.global_batch_size * t.seq_len
     opt = abs_state.groups if training.zero1 is not None else abs_state.opt_state
     params_b, opt_b = sharded_bytes(abs_state.params), sharded_bytes(opt)
+    mem["cpu_fp32_param_copies"] = hlo_text.widened_parameter_bytes(text)
+    mem["peak_without_cpu_copies"] = mem["peak"] - mem["cpu_fp32_param_copies"]
     memory = {**mem, "params": params_b, "opt_state": opt_b,
               "other_state": sharded_bytes((abs_state.step, abs_state.biases, abs_state.balancing)),
               # for reference: all gradients at once in the dtype forward/backward read the parameters in
