@@ -35,9 +35,10 @@ def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Arra
     len_y = c_padded.shape[1] - k0 + 1
     y = b1 + sum(c_padded[:, tau:tau + len_y] * w1[tau] for tau in range(k0))  # [B, S + k1 - 1, C]
     seq = len_y - k1 + 1
-    y = y.reshape(*y.shape[:2], n_groups, d)
-    z = sum(layers.einsum("btgi,gio->btgo", y[:, tau:tau + seq], w2[tau], dt) for tau in range(k1))
-    return z.reshape(*z.shape[:2], n_groups * d) + b2.astype(jnp.float32)
+    b = y.shape[0]
+    y = y.reshape(b, -1, n_groups, d).transpose(2, 0, 1, 3)  # [G_c, B, S + k1 - 1, d]: groups lead (batch dim)
+    z = sum(layers.einsum("gbti,gio->gbto", y[:, :, tau:tau + seq], w2[tau], dt) for tau in range(k1))
+    return z.transpose(1, 2, 0, 3).reshape(b, seq, n_groups * d) + b2.astype(jnp.float32)
 
 
 def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:

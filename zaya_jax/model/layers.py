@@ -74,7 +74,23 @@ def _mixed_einsum_bwd(spec, res, g):
     g = g.astype(a.dtype)
     da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32).astype(a.dtype)
     db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32).astype(b.dtype)
-    return da, db
+    return _like(da, a), _like(db, b)
+
+
+def _like(cotangent: jax.Array, primal: jax.Array) -> jax.Array:
+    """Inside a `shard_map` that checks replication, sum a cotangent over the mesh axes along which it varies but
+    its primal does not (what autodiff does for a replicated operand: its gradient is the sum over devices)."""
+    extra = tuple(sorted(_varying_axes(cotangent) - _varying_axes(primal)))
+    return jax.lax.psum(cotangent, extra) if extra else cotangent
+
+
+def _varying_axes(x: jax.Array) -> frozenset:
+    """Mesh axes along which `x` may differ between devices (`vma` in newer jax, `manual_axis_type` in 0.10)."""
+    aval = jax.typeof(x)
+    if hasattr(aval, "vma"):
+        return frozenset(aval.vma)
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
 
 
 _mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
