@@ -158,9 +158,9 @@ def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequ
     ctx = prefix + list(tokenizer.encode(context))
     conts = [list(tokenizer.encode(c)) for c in choices]
     if not ctx:
-        raise ValueError("empty context and prefix: nothing to condition on")
+        raise DataError("empty context and prefix: nothing to condition on")
     if any(not c for c in conts):
-        raise ValueError(f"a choice tokenizes to nothing: {list(choices)!r}")
+        raise DataError(f"a choice tokenizes to nothing: {list(choices)!r}")
     seqs = [ctx + c for c in conts]
     length = _bucket(max(len(s) for s in seqs))
     ids = np.full((len(seqs), length + 1), tokenizer.pad_id, np.int32)
@@ -175,20 +175,27 @@ def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequ
 def load_mc(path: str) -> list[dict]:
     """Multiple-choice items from a JSONL file (one `{"context", "choices", "answer"}` object per line)."""
     items = []
-    with open(os.path.expanduser(path)) as f:
+    try:
+        f = open(os.path.expanduser(path), encoding="utf-8")
+    except OSError as err:
+        raise DataError(f"cannot read multiple-choice file {path}: {err.strerror}") from err
+    with f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            item = json.loads(line)
-            ok = (isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg}); fix or remove the line") from err
+            ok = isinstance(item, dict) and (isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
                   and item["choices"] and isinstance(item.get("answer"), int)
                   and 0 <= item["answer"] < len(item["choices"]))
             if not ok:
-                raise ValueError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
+                raise DataError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
                                  f"index into choices}}, got {line.strip()[:200]}")
             items.append(item)
     if not items:
-        raise ValueError(f"{path}: no items")
+        raise DataError(f"{path}: no items")
     return items
 
 
