@@ -52,12 +52,24 @@ RUNS = {
 }
 
 
-def _supervise(workdir: str, data: str, faults: str, extra: list[str], wrapper: list[str] | None = None,
-               **popen) -> subprocess.Popen:
+def _supervise(workdir: str, data: str, faults: str, extra: list[str],
+               wrapper: list[str] | None = None) -> subprocess.Popen:
+    """A supervised trainer; its console output goes to `<workdir>.log` (read it with `_log`)."""
     cmd = [sys.executable, "-m", "launch.supervise", f"--workdir={workdir}", *SUPERVISE, "--",
            *(wrapper or []), *train_cmd(workdir, data, DEVICES, *extra)]
-    return subprocess.Popen(cmd, cwd=REPO, env=env_for(None, ZAYA_FAULTS=faults), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen)
+    with open(workdir + ".log", "w") as log:
+        return subprocess.Popen(cmd, cwd=REPO, env=env_for(None, ZAYA_FAULTS=faults), text=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+
+def _log(workdir: str) -> str:
+    with open(workdir + ".log", errors="replace") as f:
+        return f.read()
+
+
+def _trainer(workdir: str, data: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen(train_cmd(workdir, data, DEVICES, *extra), cwd=REPO, env=env_for(None), text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _wait_for(path: str, pred, timeout: float = 600) -> None:
@@ -80,6 +92,21 @@ def _restored(workdir: str, pid: int | None = None) -> int | None:
     return int(starts[-1]["step"]) if starts else None
 
 
+def _interrupt_and_rerun(w: str, data: str, after: int, *signals: int, supervised: bool = False):
+    """Start a long run, send `signals` once step `after` is committed, then run the trainer again.
+    Returns (newest committed step before the rerun, the first process, the rerun)."""
+    first = _supervise(w, data, "", [LONG]) if supervised else _trainer(w, data, LONG)
+    _wait_for(os.path.join(w, "heartbeat.json"), lambda: any(s >= after for s in _committed(w)))
+    for sig in signals:
+        first.send_signal(sig)
+        time.sleep(0.2)
+    first.wait(timeout=600)
+    good = max(_committed(w))
+    again = subprocess.run(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), capture_output=True,
+                           text=True, timeout=1200)
+    return good, first, again
+
+
 def _outcome(run: str, fault: str, good, resumed, note: str = "") -> dict:
     lost = None if good is None or resumed is None else good - resumed
     return {"run": run, "fault": fault, "good": good, "resumed": resumed, "lost": lost, "note": note}
@@ -90,7 +117,8 @@ def supervised_runs(root: str, data: str) -> list[dict]:
     for name, (faults, extra) in RUNS.items():
         workdir = os.path.join(root, f"run_{name}")
         proc = _supervise(workdir, data, faults, extra)
-        _, err = proc.communicate(timeout=3600)
+        proc.wait(timeout=3600)
+        err = _log(workdir)
         rows = read_events(os.path.join(workdir, "events.jsonl"))
         s = summary_of(rows)
         note = f"supervisor exit {proc.returncode}, final step {s.get('final_step')}, restarts {s.get('restarts')}"
@@ -105,62 +133,39 @@ def scenarios(root: str, data: str) -> list[dict]:
     out = []
     # two trainers on one workdir: the second refuses in one line, the first is untouched
     w = os.path.join(root, "two_trainers")
-    first = subprocess.Popen(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = _trainer(w, data, LONG)
     _wait_for(os.path.join(w, "heartbeat.json"), lambda: 2 in _committed(w))
     second = subprocess.run(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), capture_output=True,
                             text=True, timeout=600)
-    first.communicate(timeout=1200)
+    first.wait(timeout=1200)
     steps = [r["step"] for r in metric_rows(w) if "loss" in r]
     ok = first.returncode == 0 and error_problem(second, "train") is None and steps == list(range(1, 41))
     out.append(_outcome("S", "second trainer on the same workdir", 2, 2 if ok else None,
                         f"second: {second.stderr.strip().splitlines()[-1][:120]}; first exit {first.returncode}"))
     # a stale lock: SIGKILL mid-run, an unsupervised restart takes the lock over and resumes
     w = os.path.join(root, "stale_lock")
-    first = subprocess.Popen(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for(os.path.join(w, "heartbeat.json"), lambda: 4 in _committed(w))
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    good = max(_committed(w))
-    again = subprocess.run(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), capture_output=True,
-                           text=True, timeout=1200)
+    good, first, again = _interrupt_and_rerun(w, data, 4, signal.SIGKILL)
     took_over = any(r["event"] == "lock_takeover" for r in read_events(os.path.join(w, "events.jsonl")))
     out.append(_outcome("S", "SIGKILL, stale lock left behind", good, _restored(w) if took_over else None,
                         f"rerun exit {again.returncode}, lock taken over: {took_over}"))
+    # SIGTERM to the supervisor: forwarded, the trainer saves and stops; a rerun resumes there
+    w = os.path.join(root, "sigterm_supervisor")
+    good, first, again = _interrupt_and_rerun(w, data, 2, signal.SIGTERM, supervised=True)
+    out.append(_outcome("S", "SIGTERM to the supervisor", good, _restored(w),
+                        f"supervisor exit {first.returncode}, rerun exit {again.returncode}"))
+    # Ctrl-C twice: the in-flight save commits; a rerun resumes from the newest committed step
+    w = os.path.join(root, "ctrl_c")
+    good, first, again = _interrupt_and_rerun(w, data, 2, signal.SIGINT, signal.SIGINT)
+    out.append(_outcome("S", "SIGINT twice (Ctrl-C)", good, _restored(w), f"first exit {first.returncode}"))
     # a wrapper between supervisor and trainer (timeout forks), with a crash to restart through it
     w = os.path.join(root, "wrapped")
     proc = _supervise(w, data, "crash@3", [], wrapper=["timeout", "900"])
-    proc.communicate(timeout=1800)
+    proc.wait(timeout=1800)
     rows = read_events(os.path.join(w, "events.jsonl"))
     hangs = sum(r["event"] == "hang_detected" for r in rows)
     for o in fault_outcomes(rows):
         out.append(_outcome("S", f"{o['fault']} under `timeout`", o["good"], o["resumed"],
                             f"final step {summary_of(rows).get('final_step')}, hangs detected {hangs}"))
-    # SIGTERM to the supervisor: forwarded, the trainer saves and stops; a rerun resumes there
-    w = os.path.join(root, "sigterm_supervisor")
-    proc = _supervise(w, data, "", [LONG])
-    _wait_for(os.path.join(w, "heartbeat.json"), lambda: 3 in _committed(w) or 4 in _committed(w))
-    proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=600)
-    good = max(_committed(w))
-    again = subprocess.run(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), capture_output=True,
-                           text=True, timeout=1200)
-    out.append(_outcome("S", "SIGTERM to the supervisor", good, _restored(w),
-                        f"supervisor exit {proc.returncode}, rerun exit {again.returncode}"))
-    # Ctrl-C twice: the in-flight save commits; a rerun resumes from the newest committed step
-    w = os.path.join(root, "ctrl_c")
-    first = subprocess.Popen(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _wait_for(os.path.join(w, "heartbeat.json"), lambda: 2 in _committed(w))
-    first.send_signal(signal.SIGINT)
-    time.sleep(0.2)
-    first.send_signal(signal.SIGINT)
-    first.communicate(timeout=600)
-    good = max(_committed(w))
-    subprocess.run(train_cmd(w, data, DEVICES, LONG), cwd=REPO, env=env_for(None), capture_output=True,
-                   timeout=1200)
-    out.append(_outcome("S", "SIGINT twice (Ctrl-C)", good, _restored(w), f"first exit {first.returncode}"))
     # bit rot in the two newest checkpoints while stopped: the restart falls back two steps
     w = os.path.join(root, "two_rotten")
     subprocess.run(train_cmd(w, data, DEVICES, "--config.train.steps=6"), cwd=REPO, env=env_for(None),
@@ -172,8 +177,8 @@ def scenarios(root: str, data: str) -> list[dict]:
     # NaN before any checkpoint: nothing to roll back to; one line, exit 78, not restarted
     w = os.path.join(root, "early_nan")
     proc = _supervise(w, data, "nan@1", [])
-    _, err = proc.communicate(timeout=1200)
-    lines = [line for line in err.splitlines() if line.startswith("train: error:")]
+    proc.wait(timeout=1200)
+    lines = [line for line in _log(w).splitlines() if line.startswith("train: error:")]
     starts = sum(r["event"] == "child_start" for r in read_events(os.path.join(w, "events.jsonl")))
     out.append(_outcome("S", "NaN at step 1, no checkpoint yet", None, None,
                         f"supervisor exit {proc.returncode}, trainer starts {starts}, {lines[-1][:100] if lines else ''}"))

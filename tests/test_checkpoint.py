@@ -25,6 +25,7 @@ from tests.checkpoint_helpers import (  # noqa: F401 - data_dir is a fixture
 from zaya_jax.checkpoint import Checkpointer, CheckpointError, load_model
 from zaya_jax.checkpoint.errors import CorruptCheckpointError
 from zaya_jax.checkpoint.faults import corrupt_step_dir
+from zaya_jax.checkpoint.lock import LOCK_NAME
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +37,9 @@ def reference(tmp_path_factory, data_dir):
 
 
 def _tree_stats(path: str) -> list[tuple]:
+    """(path, size, mtime) of every file below `path` but the directory lock (taken by every writer)."""
     return sorted((os.path.relpath(os.path.join(r, f), path), os.path.getsize(os.path.join(r, f)),
-                   os.path.getmtime(os.path.join(r, f))) for r, _, fs in os.walk(path) for f in fs)
+                   os.path.getmtime(os.path.join(r, f))) for r, _, fs in os.walk(path) for f in fs if f != LOCK_NAME)
 
 
 @pytest.mark.slow

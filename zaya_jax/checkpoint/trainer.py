@@ -181,7 +181,7 @@ class TrainCheckpointer:
         try:
             train_iter.set_state(meta["data"])
         except ValueError as err:
-            raise CheckpointError(f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}") from err
+            raise CheckpointConfigError(f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}") from err
 
     # ---- per step --------------------------------------------------------------------------------------
     def maybe_save(self, step: int, state: Any, train_iter: Any = None, metrics: dict | None = None) -> Any:

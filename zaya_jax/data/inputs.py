@@ -12,7 +12,7 @@ import json
 import os
 import re
 import warnings
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from zaya_jax.data.tokenizer import DataError, DataWarning
 
@@ -89,21 +89,32 @@ class _Undecodable:
                           "another encoding?); they were prepared as U+FFFD replacement characters", DataWarning)
 
 
-def _read_jsonl(path: str, text_key: str) -> Iterator[str]:
+def jsonl_records(path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for every non-blank line of a JSONL file; DataError naming the file (and line)
+    if it cannot be read or a line is not JSON. Undecodable bytes are handled as in `_Undecodable`."""
     undecodable = _Undecodable(path)
-    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    try:
+        f = open(path, encoding="utf-8", errors="surrogateescape")
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e.strerror}; check the path and permissions") from e
+    with f:
         for lineno, line in enumerate(f, 1):
             line = undecodable.clean(line)
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                value = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix or remove the line") from e
-            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                raise DataError(f"{path}:{lineno}: no string field {text_key!r}; pass --text_key")
-            yield record[text_key]
+            yield lineno, value
     undecodable.close()
+
+
+def _read_jsonl(path: str, text_key: str) -> Iterator[str]:
+    for lineno, record in jsonl_records(path):
+        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+            raise DataError(f"{path}:{lineno}: no string field {text_key!r}; pass --text_key")
+        yield record[text_key]
 
 
 def _read_file(path: str, text_key: str) -> Iterator[str]:

@@ -27,6 +27,7 @@ from flax import nnx
 
 from zaya_jax.data import pipeline
 from zaya_jax.data import prepare as data_prepare
+from zaya_jax.data.inputs import jsonl_records
 from zaya_jax.data.tokenizer import ByteTokenizer, DataError, Tokenizer, load_tokenizer
 from zaya_jax.inference.cache import dropless
 from zaya_jax.model.zaya import Zaya
@@ -175,25 +176,14 @@ def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequ
 def load_mc(path: str) -> list[dict]:
     """Multiple-choice items from a JSONL file (one `{"context", "choices", "answer"}` object per line)."""
     items = []
-    try:
-        f = open(os.path.expanduser(path), encoding="utf-8")
-    except OSError as err:
-        raise DataError(f"cannot read multiple-choice file {path}: {err.strerror}") from err
-    with f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({err.msg}); fix or remove the line") from err
-            ok = isinstance(item, dict) and (isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
-                  and item["choices"] and isinstance(item.get("answer"), int)
-                  and 0 <= item["answer"] < len(item["choices"]))
-            if not ok:
-                raise DataError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
-                                 f"index into choices}}, got {line.strip()[:200]}")
-            items.append(item)
+    for lineno, item in jsonl_records(os.path.expanduser(path)):
+        ok = (isinstance(item, dict) and isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
+              and item["choices"] and isinstance(item.get("answer"), int)
+              and 0 <= item["answer"] < len(item["choices"]))
+        if not ok:
+            raise DataError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
+                            f"index into choices}}, got {json.dumps(item)[:200]}")
+        items.append(item)
     if not items:
         raise DataError(f"{path}: no items")
     return items
