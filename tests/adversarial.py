@@ -45,10 +45,12 @@ SUPERVISE = ["--heartbeat_timeout=20", "--startup_timeout=600", "--backoff=0.1",
 # fault strings of the supervised runs (checkpoint every 2 of 8 steps, 4 devices, batch 8)
 RUNS = {
     "A": ("crash@2,nan@3,sigkill_during_save@4,hang@5,sigterm@6,device_loss@7:3,corrupt_checkpoint@8", []),
-    "B": ("sigkill@1,crash@3,corrupt_checkpoint@4:bitflip,sigkill@5,corrupt_checkpoint@6:drop_state_metadata,"
-          "sigterm@7,corrupt_checkpoint@8:drop_meta", []),
-    "C": ("corrupt_checkpoint@2:drop_data,device_loss@3:1,hang@4,spike@6,device_loss@7:5",
+    "B": ("sigkill@1,device_loss@2:5,crash@3,corrupt_checkpoint@4:bitflip,sigkill@5,"
+          "corrupt_checkpoint@6:drop_state_metadata,sigterm@7,corrupt_checkpoint@8:drop_meta", []),
+    # the spike comes after 4 losses of one process (the guard's window)
+    "C": ("spike@5,corrupt_checkpoint@6:drop_data,device_loss@7:1,hang@8",
           ["--config.checkpoint.spike_zscore=10", "--config.checkpoint.spike_window=4"]),
+    "D": ("corrupt_checkpoint@2:drop_data", []),  # the only checkpoint damaged: start again from step 0
 }
 
 
@@ -208,7 +210,8 @@ def main() -> int:
         counted = [f for f in faults if f["good"] is not None]
         counts["faults"] = len(faults)
         counts["faults_with_a_good_checkpoint"] = len(counted)
-        counts["committed_steps_lost"] = sum(f["lost"] if f["lost"] is not None else 1 for f in counted)
+        counts["committed_steps_lost"] = sum(f["lost"] for f in counted if f["lost"] is not None)
+        counts["faults_not_recovered"] = sum(f["resumed"] is None for f in counted)
         report += ["## Injected faults", "", *_table(faults, ["run", "fault", "good", "resumed", "lost", "note"]), ""]
     if "files" in parts:
         cases = damaged_file_sweep(os.path.join(root, "sweep"), ("delete", "truncate", "bitflip"))
@@ -241,8 +244,8 @@ def main() -> int:
     print(json.dumps(counts, indent=1))
     if not args.root:
         shutil.rmtree(root, ignore_errors=True)
-    failed = counts.get("committed_steps_lost", 0) or counts.get("damaged_files_wrong_or_failed", 0) or \
-        counts.get("bad_inputs", 0) != counts.get("bad_inputs_one_line", 0)
+    failed = counts.get("committed_steps_lost", 0) or counts.get("faults_not_recovered", 0) or \
+        counts.get("damaged_files_wrong_or_failed", 0) or counts.get("bad_inputs", 0) != counts.get("bad_inputs_one_line", 0)
     return 1 if failed else 0
 
 

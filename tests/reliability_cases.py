@@ -317,10 +317,12 @@ def damaged_file_sweep(root: str, modes: tuple[str, ...]) -> list[dict]:
 # ---------------------------------------------------------------------------------------------- faults
 def fault_outcomes(rows: list[dict]) -> list[dict]:
     """For every injected fault in a supervised run's event log: the newest intact committed step when it hit
-    (`good`; None if there was none), the step training resumed from (`resumed`), and `lost` = good − resumed.
+    (`good`; None if there was none), the step training resumed from (`resumed`; None if it did not), and
+    `lost` = good − resumed.
 
-    Steps an injected corruption damaged do not count as intact. Process faults (crash, kill, hang, preemption,
-    device loss, corruption) resume in the supervisor's next attempt; NaN / spike faults roll back in place.
+    A step an injected corruption damaged is not intact until it is committed again. Process faults (crash,
+    kill, hang, preemption, device loss, corruption) resume in the supervisor's next attempt; NaN / spike
+    faults roll back in place.
     """
     by_attempt: dict[str, list[dict]] = {}
     for row in rows:
@@ -331,23 +333,25 @@ def fault_outcomes(rows: list[dict]) -> list[dict]:
     out = []
     for i, attempt in enumerate(attempts):
         mine = by_attempt.get(attempt, [])
+        for row in mine:  # the damage as it stands when this attempt ends
+            if row.get("event") == "commit":
+                damaged.discard(int(row["step"]))
+            elif row.get("event") == "fault" and row["kind"] == "corrupt_checkpoint":
+                damaged.add(int(row["step"]))
+        exit_row = next((r for r in mine if r.get("event") == "child_exit"), {})
+        nxt = by_attempt.get(attempts[i + 1], []) if i + 1 < len(attempts) else []
+        start = next((r for r in nxt if r.get("event") in ("restored", "fresh_start")), None)
         for k, row in enumerate(mine):
             if row.get("event") != "fault":
                 continue
-            if row["kind"] == "corrupt_checkpoint":
-                damaged.add(int(row["step"]))
             if row["kind"] in ("nan", "spike"):
                 j = next((j for j in range(k, len(mine)) if mine[j].get("event") == "rollback"), len(mine))
-                back = mine[j] if j < len(mine) else None
                 before = [int(r["step"]) for r in mine[:j] if r.get("event") in ("commit", "restored")]
                 good = max(before) if before else None
-                resumed = back["to_step"] if back else None
+                resumed = mine[j]["to_step"] if j < len(mine) else None
             else:
-                exit_row = next((r for r in mine if r.get("event") == "child_exit"), {})
                 intact = [s for s in exit_row.get("committed", []) if s not in damaged]
                 good = max(intact) if intact else None
-                nxt = by_attempt.get(attempts[i + 1], []) if i + 1 < len(attempts) else []
-                start = next((r for r in nxt if r.get("event") in ("restored", "fresh_start")), None)
                 resumed = int(start["step"]) if start else None
             lost = None if good is None or resumed is None else good - resumed
             out.append({"fault": row["fault"], "kind": row["kind"], "good": good, "resumed": resumed, "lost": lost})

@@ -55,8 +55,8 @@ def quiet_orbax() -> None:
     _installed = True
     logging.getLogger("absl").addFilter(_OrbaxFilter())
     logging.getLogger("asyncio").addFilter(_EchoFilter())
-    warnings.filterwarnings("ignore", message=r"coroutine '(_read_array_index_and_device_put|async_deserialize|Store._get_array_metadatas)' "
-                            "was never awaited", category=RuntimeWarning)
+    warnings.filterwarnings("ignore", category=RuntimeWarning, message=r"coroutine '(_read_array_index_and_device_put|"
+                            r"async_deserialize|Store\._get_array_metadatas)' was never awaited")
     previous = sys.unraisablehook
 
     def hook(unraisable):
