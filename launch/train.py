@@ -41,6 +41,8 @@ _PROFILE_STEPS = flags.DEFINE_list("profile_steps", None, "START,STOP: write a j
 _PROFILE_DIR = flags.DEFINE_string("profile_dir", None, "Directory for the profiler trace (default <workdir>/profile).")
 flags.mark_flags_as_required(["config", "workdir"])
 flags.register_validator("workdir", lambda v: v is None or bool(v.strip()), "--workdir must not be empty")
+flags.register_validator("profile_steps", lambda v: v is None or (0 < len(v) <= 2 and all(s.isdigit() for s in v)),
+                         "--profile_steps takes START,STOP or a single step N (non-negative integers)")
 
 
 def _profile_hook(workdir: str):

@@ -139,6 +139,8 @@ BAD_INPUTS: list[BadInput] = [
     _train("missing_workdir_flag", workdir=False),
     _train("empty_workdir", "--workdir="),
     _train("unknown_flag", "--nonsense=1"),
+    _train("cpu_devices_not_a_number", "--cpu_devices=abc", devices=None),
+    _train("profile_steps_not_numbers", "--profile_steps=a,b"),
     # ---- layout
     _train("batch_not_divisible_by_mesh", "--config.train.global_batch_size=7", ci=True),
     _train("devices_do_not_divide_batch", "--cpu_devices=3", ci=True, devices=None),
