@@ -227,7 +227,7 @@ def main() -> int:
         rows = []
         for case in BAD_INPUTS:
             proc = run_bad_input(case, ctx)
-            problem = error_problem(proc, case.prog)
+            problem = error_problem(proc, case.prog, expect=case.expect)
             last = (proc.stderr.strip().splitlines() or [""])[-1]
             rows.append({"launcher": case.prog, "input": case.name, "ok": problem is None,
                          "output": last[:160] if problem is None else problem[:160]})

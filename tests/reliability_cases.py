@@ -20,9 +20,10 @@ from tests.checkpoint_helpers import REPO, config_overrides, env_for
 _LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING:|INFO:)")
 
 
-def error_problem(proc: subprocess.CompletedProcess, prog: str, rc: int = EXIT_BAD_INPUT) -> str | None:
-    """None if `proc` failed with exit status `rc` and exactly one line `PROG: error: ...`, printed last and
-    on a line of its own, and no traceback; else what is wrong."""
+def error_problem(proc: subprocess.CompletedProcess, prog: str, rc: int = EXIT_BAD_INPUT,
+                  expect: str = "") -> str | None:
+    """None if `proc` failed with exit status `rc` and exactly one line `PROG: error: ...` (containing `expect`),
+    printed last and on a line of its own, and no traceback; else what is wrong."""
     err = proc.stderr
     lines = [line for line in err.splitlines() if line.strip() and not _LOG_LINE.match(line)]
     if proc.returncode != rc:
@@ -32,6 +33,8 @@ def error_problem(proc: subprocess.CompletedProcess, prog: str, rc: int = EXIT_B
     errors = [line for line in lines if f"{prog}: error:" in line]
     if len(errors) != 1 or not lines[-1].startswith(f"{prog}: error: "):
         return f"not one error line at the end: {lines[-3:]!r}"
+    if expect not in lines[-1]:
+        return f"the error is not the expected one ({expect!r}): {lines[-1]!r}"
     return None
 
 
@@ -79,6 +82,7 @@ class BadInput:
     setup: Callable[[Context, str], Callable[[], None]] | None = None  # (ctx, workdir) -> cleanup
     env: tuple[tuple[str, str], ...] = ()
     devices: int | None = 8  # emulated CPU devices in the environment (None: as the launcher decides)
+    expect: str = ""  # a part of the error line that shows the right check caught it
 
 
 def _w(ctx: Context, name: str) -> str:
@@ -122,13 +126,13 @@ def _copy_ckpt(ctx: Context, workdir: str) -> Callable[[], None]:
 
 BAD_INPUTS: list[BadInput] = [
     # ---- launch.train: config file and fields
-    _train("missing_config_file", "--config=nope/missing.py", base=False, ci=True),
+    _train("missing_config_file", "--config=nope/missing.py", base=False, ci=True, expect="does not exist"),
     _train("config_syntax_error", lambda c: "--config=" + _write(c, "syntax.py", "def get_config(:\n"), base=False),
     _train("config_without_get_config", lambda c: "--config=" + _write(c, "empty.py", "X = 1\n"), base=False),
-    _train("unknown_field", "--config.model.foo=1", ci=True),
-    _train("misspelt_field", "--config.train.stepz=10", ci=True),
+    _train("unknown_field", "--config.model.foo=1", ci=True, expect="no field 'foo'"),
+    _train("misspelt_field", "--config.train.stepz=10", ci=True, expect="did you mean 'steps'"),
     _train("field_of_wrong_type", "--config.train.steps=abc"),
-    _train("negative_steps", "--config.train.steps=-5", ci=True),
+    _train("negative_steps", "--config.train.steps=-5", ci=True, expect="train.steps=-5"),
     _train("zero_batch", "--config.train.global_batch_size=0"),
     _train("sequence_longer_than_positions", "--config.train.seq_len=4096"),
     _train("negative_eval_every", "--config.train.eval_every=-1"),
@@ -142,8 +146,8 @@ BAD_INPUTS: list[BadInput] = [
     _train("cpu_devices_not_a_number", "--cpu_devices=abc", devices=None),
     _train("profile_steps_not_numbers", "--profile_steps=a,b"),
     # ---- layout
-    _train("batch_not_divisible_by_mesh", "--config.train.global_batch_size=7", ci=True),
-    _train("devices_do_not_divide_batch", "--cpu_devices=3", ci=True, devices=None),
+    _train("batch_not_divisible_by_mesh", "--config.train.global_batch_size=7", ci=True, expect="batch 7 is not"),
+    _train("devices_do_not_divide_batch", "--cpu_devices=3", ci=True, devices=None, expect="size 3"),
     _train("ramp_stage_not_divisible", "--config.train.batch_ramp=((2, 12),)"),
     _train("microbatches_do_not_divide_batch", "--config.train.microbatches=3"),
     _train("expert_axis_does_not_divide_experts", "--config.mesh.expert=3"),
@@ -153,14 +157,14 @@ BAD_INPUTS: list[BadInput] = [
            "--config.train.seq_len=33"),
     _train("available_devices_not_a_number", env=(("ZAYA_AVAILABLE_DEVICES", "four"),)),
     # ---- directories, data, checkpoints
-    _train("workdir_is_a_file", lambda c: f"--workdir={c.file}", ci=True),
-    _train("workdir_in_use", *[], ci=True, setup=_hold_lock),
+    _train("workdir_is_a_file", lambda c: f"--workdir={c.file}", ci=True, expect="is not a directory"),
+    _train("workdir_in_use", ci=True, setup=_hold_lock, expect="is in use by train (pid"),
     _train("data_source_missing", "--config.data.sources=('/nonexistent/prepared',)"),
     _train("checkpoint_of_another_model", "--config.model.hidden_size=32", setup=_copy_ckpt),
     # ---- launch.prepare_data
     BadInput("output_is_a_file", "prepare_data",
              lambda c: ["--input=" + _write(c, "ok.txt", "hello world\n"), f"--output={c.file}", "--seq_len=32"],
-             ci=True),
+             ci=True, expect="is not a directory"),
     BadInput("input_missing", "prepare_data", lambda c: ["--input=/nonexistent/*.txt", f"--output={_w(c, 'p1')}"]),
     BadInput("input_blank", "prepare_data",
              lambda c: ["--input=" + _write(c, "blank.txt", "   \n"), f"--output={_w(c, 'p2')}", "--seq_len=32"]),
@@ -180,9 +184,12 @@ BAD_INPUTS: list[BadInput] = [
                         "--seq_len=32"]),
     # ---- launch.generate
     BadInput("negative_max_new_tokens", "generate",
-             lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--max_new_tokens=-3"], ci=True),
-    BadInput("checkpoint_missing", "generate", lambda c: ["--checkpoint=/nonexistent/ckpt", "--prompt=hi"], ci=True),
-    BadInput("hf_folder_without_config", "generate", lambda c: [f"--hf={c.prepared}", "--prompt=hi"], ci=True),
+             lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--max_new_tokens=-3"], ci=True,
+             expect="--max_new_tokens=-3"),
+    BadInput("checkpoint_missing", "generate", lambda c: ["--checkpoint=/nonexistent/ckpt", "--prompt=hi"], ci=True,
+             expect="does not exist"),
+    BadInput("hf_folder_without_config", "generate", lambda c: [f"--hf={c.prepared}", "--prompt=hi"], ci=True,
+             expect="has no config.json"),
     BadInput("hf_config_not_json", "generate",
              lambda c: [f"--hf={os.path.dirname(_write(c, 'hf/config.json', '{oops'))}", "--prompt=hi"]),
     BadInput("hf_and_checkpoint", "generate", lambda c: [f"--hf={c.root}", f"--checkpoint={c.ckpt}", "--prompt=x"]),
@@ -200,7 +207,8 @@ BAD_INPUTS: list[BadInput] = [
                                                    "--batch_size=0"]),
     # ---- launch.reshard
     BadInput("reshard_mesh_batch_does_not_split", "reshard",
-             lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r1')}", "--mesh=data:3"], ci=True),
+             lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r1')}", "--mesh=data:3"], ci=True, devices=None,
+             expect="batch 8 is not divisible by data-parallel size 3"),
     BadInput("reshard_unknown_axis", "reshard", lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r2')}",
                                                            "--mesh=bogus:2"]),
     BadInput("reshard_dst_not_empty", "reshard", lambda c: [f"--src={c.ckpt}", f"--dst={c.root}"]),
@@ -208,7 +216,8 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("reshard_from_hf_without_dst", "reshard", lambda c: [f"--from_hf={c.root}"]),
     BadInput("reshard_nothing_to_do", "reshard", lambda c: []),
     # ---- launch.supervise
-    BadInput("supervise_without_command", "supervise", lambda c: ["--max_restarts=1"], ci=True),
+    BadInput("supervise_without_command", "supervise", lambda c: ["--max_restarts=1"], ci=True,
+             expect="after `--`"),
     BadInput("supervise_empty_command", "supervise", lambda c: [f"--workdir={_w(c, 's1')}", "--"]),
     BadInput("supervise_bad_number", "supervise", lambda c: ["--max_restarts=abc", "--", "true"]),
 ]

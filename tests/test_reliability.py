@@ -285,8 +285,8 @@ def context(tmp_path_factory):
 def test_bad_input_gets_one_line(case, context):
     start = time.time()
     proc = run_bad_input(case, context)
-    assert error_problem(proc, case.prog) is None, f"{case.name} ({time.time() - start:.0f}s): " \
-                                                   f"{error_problem(proc, case.prog)}"
+    problem = error_problem(proc, case.prog, expect=case.expect)
+    assert problem is None, f"{case.name} ({time.time() - start:.0f}s): {problem}"
 
 
 def test_train_cli_verbose_shows_the_traceback(context):
