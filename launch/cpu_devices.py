@@ -22,12 +22,13 @@ LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def peek_cpu_devices(argv: list[str], default: int) -> int:
-    """Value of --cpu_devices in argv (forms `--cpu_devices=N` and `--cpu_devices N`)."""
+    """Value of --cpu_devices in argv (forms `--cpu_devices=N` and `--cpu_devices N`); `default` if it is not
+    an integer (flag parsing then reports the bad value)."""
     for i, arg in enumerate(argv):
-        if arg.startswith("--cpu_devices="):
-            return int(arg.split("=", 1)[1])
-        if arg == "--cpu_devices" and i + 1 < len(argv):
-            return int(argv[i + 1])
+        value = arg.split("=", 1)[1] if arg.startswith("--cpu_devices=") else (
+            argv[i + 1] if arg == "--cpu_devices" and i + 1 < len(argv) else None)
+        if value is not None:
+            return int(value) if value.strip().lstrip("-").isdigit() else default
     return default
 
 

@@ -13,41 +13,39 @@ from __future__ import annotations
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
+from launch import cli
 from launch.model_flags import define_model_flags
 
 FLAGS = flags.FLAGS
 define_model_flags()
 flags.DEFINE_multi_string("prompt", None, "prompt text (repeat for a batch)")
-flags.DEFINE_integer("max_new_tokens", 64, "tokens to generate per prompt")
-flags.DEFINE_float("temperature", 0.0, "0 = greedy; > 0 samples")
-flags.DEFINE_integer("top_k", 0, "keep the k most likely tokens (0 = off)")
-flags.DEFINE_float("top_p", 1.0, "nucleus sampling mass (1 = off)")
+flags.DEFINE_integer("max_new_tokens", 64, "tokens to generate per prompt", lower_bound=0)
+flags.DEFINE_float("temperature", 0.0, "0 = greedy; > 0 samples", lower_bound=0.0)
+flags.DEFINE_integer("top_k", 0, "keep the k most likely tokens (0 = off)", lower_bound=0)
+flags.DEFINE_float("top_p", 1.0, "nucleus sampling mass in (0, 1] (1 = off)", upper_bound=1.0)
 flags.DEFINE_integer("seed", 0, "sampling seed")
 flags.DEFINE_boolean("stop_at_eos", True, "stop a prompt's continuation at the tokenizer's eos")
 flags.DEFINE_boolean("bos", False, "prepend the tokenizer's bos id to every prompt")
 flags.mark_flags_as_required(["prompt"])
+flags.register_validator("top_p", lambda p: p > 0, "--top_p must be in (0, 1]")
 
 
 def main(argv: list[str]) -> None:
     del argv
     from zaya_jax.inference import generate, left_pad
-    from zaya_jax.inference.loading import LoadError, default_tokenizer, load_model
+    from zaya_jax.inference.loading import default_tokenizer, load_model
 
-    try:
-        _, model = load_model(FLAGS.hf, FLAGS.checkpoint, dtype=FLAGS.dtype, skip_output=FLAGS.skip_output)
-    except LoadError as err:
-        sys.exit(f"generate: error: {err}")
+    _, model = load_model(FLAGS.hf, FLAGS.checkpoint, dtype=FLAGS.dtype, skip_output=FLAGS.skip_output)
     tok = default_tokenizer(FLAGS.tokenizer, FLAGS.hf)
     prefix = [tok.bos_id] if FLAGS.bos and tok.bos_id is not None else []
     prompts = [prefix + tok.encode(p) for p in FLAGS.prompt]
     if any(not p for p in prompts):
-        sys.exit("generate: error: an empty prompt; give some text or --bos")
+        cli.fail("generate", "an empty prompt; give some text or --bos")
     too_big = [i for p in prompts for i in p if i >= model.cfg.vocab_size]
     if too_big:
-        sys.exit(f"generate: error: token id {too_big[0]} >= model vocab_size {model.cfg.vocab_size}; "
-                 "wrong --tokenizer?")
+        cli.fail("generate", f"token id {too_big[0]} >= model vocab_size {model.cfg.vocab_size}; wrong --tokenizer?")
     ids, lengths = left_pad(prompts, tok.pad_id)
     start = time.perf_counter()
     out = generate(model, ids, max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
@@ -63,4 +61,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "generate")

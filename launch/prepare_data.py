@@ -6,22 +6,23 @@ r"""Tokenize and pack text into memory-mapped training shards.
 Inputs: files, directories (recursive) or globs; .txt/.md/.py/.rst/... are one document per
 file, .jsonl one document per line (field --text_key), .parquet (needs pyarrow) one per row.
 `--input default` prepares the embedded default corpus (the Python standard library sources).
-A rerun with the same flags resumes / does nothing; a directory holding other data is refused.
+A rerun with the same flags resumes / does nothing; a directory holding other data is refused. Files that
+are largely not UTF-8 text (binary data) are prepared with a warning naming them.
 """
 
 from __future__ import annotations
 
-import sys
+from absl import flags
 
-from absl import app, flags
+from launch import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("input", None, "input files, directories or globs (repeat or comma-separate); "
                           "'default' = the Python standard library corpus")
 flags.DEFINE_string("output", None, "output directory")
 flags.DEFINE_string("tokenizer", "byte", "'byte' or a path to a Hugging Face tokenizer.json")
-flags.DEFINE_integer("seq_len", 4096, "training sequence length (rows hold seq_len + 1 tokens)")
-flags.DEFINE_integer("shard_size", 2048, "rows per shard")
+flags.DEFINE_integer("seq_len", 4096, "training sequence length (rows hold seq_len + 1 tokens)", lower_bound=1)
+flags.DEFINE_integer("shard_size", 2048, "rows per shard", lower_bound=1)
 flags.DEFINE_string("text_key", "text", "text field of .jsonl records / .parquet column")
 flags.DEFINE_float("eval_fraction", 0.02, "fraction of rows (the last ones) held out for evaluation")
 flags.DEFINE_integer("vocab_size", 0, "force the vocab size (0 = the tokenizer's, padded to a multiple of 128)")
@@ -32,17 +33,13 @@ flags.mark_flags_as_required(["input", "output"])
 def main(argv: list[str]) -> None:
     del argv
     from zaya_jax.data import corpus, prepare
-    from zaya_jax.data.tokenizer import DataError
 
     inputs = [part for spec in FLAGS.input for part in spec.split(",") if part]
-    try:
-        if inputs == ["default"]:
-            inputs = corpus.stdlib_files(FLAGS.default_corpus_max_bytes)
-        manifest = prepare.prepare(inputs, FLAGS.output, seq_len=FLAGS.seq_len, tokenizer=FLAGS.tokenizer,
-                                   shard_size=FLAGS.shard_size, text_key=FLAGS.text_key,
-                                   eval_fraction=FLAGS.eval_fraction, vocab_size=FLAGS.vocab_size or None)
-    except DataError as e:
-        sys.exit(f"prepare_data: error: {e}")
+    if inputs == ["default"]:
+        inputs = corpus.stdlib_files(FLAGS.default_corpus_max_bytes)
+    manifest = prepare.prepare(inputs, FLAGS.output, seq_len=FLAGS.seq_len, tokenizer=FLAGS.tokenizer,
+                               shard_size=FLAGS.shard_size, text_key=FLAGS.text_key,
+                               eval_fraction=FLAGS.eval_fraction, vocab_size=FLAGS.vocab_size or None)
     train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
     print(f"{FLAGS.output}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens, "
           f"{manifest['num_rows']} rows of {manifest['seq_len']}+1 in {len(manifest['shards'])} shards "
@@ -51,4 +48,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "prepare_data")

@@ -10,7 +10,9 @@
 
 `--src` is a checkpoint directory, a step directory or a training workdir (newest committed step unless
 `--step`). On a CPU-only host the emulated device count defaults to the product of `--mesh` (else 8;
-`--cpu_devices=N` overrides). Nothing existing is overwritten: `--dst` / `--to_hf` must be new or empty.
+`--cpu_devices=N` overrides). Nothing existing is overwritten: `--dst` / `--to_hf` must be new or empty, and
+`--dst` is locked while it is written. A target mesh the run could not train on (e.g. a global batch that
+does not split over it) is refused before anything is read (`zaya_jax.parallel.mesh.check_layout`).
 """
 
 from launch.cpu_devices import emulate_from_argv, peek_cpu_devices
@@ -38,11 +40,12 @@ if __name__ == "__main__":
 
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 import warnings  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from launch import cli  # noqa: E402
 
 _SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
 _DST = flags.DEFINE_string("dst", None, "Output checkpoint directory (new or empty).")
@@ -63,26 +66,49 @@ GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_he
 
 def parse_mesh(spec: str) -> dict[str, int]:
     """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2}."""
-    from zaya_jax.checkpoint import CheckpointError
+    from zaya_jax.checkpoint import CheckpointConfigError
     from zaya_jax.parallel.mesh import AXES
 
     sizes = dict.fromkeys(AXES, 1)
     for part in filter(None, spec.split(",")):
         name, sep, value = part.partition(":")
         if not sep or name not in AXES or not value.lstrip("-").isdigit():
-            raise CheckpointError(f"--mesh={spec!r}: expected comma-separated axis:size with axes {AXES}, "
+            raise CheckpointConfigError(f"--mesh={spec!r}: expected comma-separated axis:size with axes {AXES}, "
                                   "e.g. data:4,expert:2")
         sizes[name] = int(value)
     return sizes
 
 
 def _fresh_dir(path: str, flag: str) -> str:
-    from zaya_jax.checkpoint import CheckpointError
+    from zaya_jax.checkpoint import CheckpointConfigError
+    from zaya_jax.checkpoint.lock import LOCK_NAME
 
     path = os.path.abspath(os.path.expanduser(path))
-    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
-        raise CheckpointError(f"{flag}={path} exists and is not empty; nothing was written (choose a new directory)")
+    if os.path.exists(path) and (not os.path.isdir(path) or set(os.listdir(path)) - {LOCK_NAME}):
+        raise CheckpointConfigError(f"{flag}={path} exists and is not empty; nothing was written (choose a new "
+                                    "directory)")
     return path
+
+
+def _locked_dst(path: str):
+    """`--dst`, new or empty, locked against a concurrent trainer / reshard (released when the process ends)."""
+    from zaya_jax.checkpoint import DirLock
+
+    dst = _fresh_dir(path, "--dst")
+    lock = DirLock({"--dst": dst}, "reshard")
+    lock.acquire(wait_s=0)
+    _fresh_dir(dst, "--dst")  # still empty now that it is ours
+    return dst, lock
+
+
+def _target_mesh(config):
+    """The mesh for `config.mesh` on this process's devices, after checking that the run can use it."""
+    import jax
+
+    from zaya_jax.parallel.mesh import check_layout, make_mesh, resolve_mesh_shape
+
+    check_layout(config, resolve_mesh_shape(config.mesh, jax.device_count()))
+    return make_mesh(config)
 
 
 def _bar(total: int, desc: str, unit: str = "B"):
@@ -97,9 +123,7 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
     from zaya_jax.checkpoint import Checkpointer, load_train_state
     from zaya_jax.checkpoint.manager import tree_nbytes
     from zaya_jax.checkpoint.model_io import open_checkpoint
-    from zaya_jax.parallel.mesh import make_mesh
 
-    dst = _fresh_dir(dst, "--dst")
     ck, step, meta, config = open_checkpoint(src, step)
     ck.close()
     if mesh_spec:
@@ -110,7 +134,8 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
         config.train.param_sharding = param_sharding
     if dtype:
         config.model.param_dtype = dtype
-    mesh = make_mesh(config)
+    mesh = _target_mesh(config)
+    dst, lock = _locked_dst(dst)
     import jax
 
     bar = _bar(0, f"restore step {step}")  # the total grows as each TrainState field is read
@@ -129,6 +154,7 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
         info = out.save(step, state, meta, wait=True)
         wbar.update(tree_nbytes(state))
     out.close()
+    lock.release()
     return {"dst": dst, "step": step, "mesh": meta["mesh"], "param_sharding": config.train.param_sharding,
             "param_dtype": config.model.param_dtype, "bytes": info["bytes"], "devices": jax.device_count()}
 
@@ -154,13 +180,12 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
 def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype: str | None) -> dict:
     """Step-0 training checkpoint from a transformers directory (fresh optimizer, balancing and data state)."""
     from zaya_jax import hf
-    from zaya_jax.checkpoint import CheckpointError, Checkpointer
+    from zaya_jax.checkpoint import CheckpointConfigError, Checkpointer
     from zaya_jax.config import default_config
-    from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.optimizer import make_optimizer
     from zaya_jax.train.state import create_train_state
 
-    dst = _fresh_dir(dst, "--dst")
+    dst, lock = _locked_dst(dst)
     config = config if config is not None else default_config()
     if dtype:
         config.model.param_dtype = dtype
@@ -170,14 +195,14 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
         if _CONFIG.value is not None:
             for name in GEOMETRY:
                 if hf_config.model[name] != config.model[name]:
-                    raise CheckpointError(f"--from_hf={path}: {name}={hf_config.model[name]} but the --config has "
-                                          f"model.{name}={config.model[name]}; use a matching config")
+                    raise CheckpointConfigError(f"--from_hf={path}: {name}={hf_config.model[name]} but the --config "
+                                                f"has model.{name}={config.model[name]}; use a matching config")
         else:
             config.model = hf_config.model
         bar.update(1)
         if mesh_spec:
             config.mesh.update(parse_mesh(mesh_spec))
-        mesh = make_mesh(config)
+        mesh = _target_mesh(config)
         _, state, _ = create_train_state(config, mesh, make_optimizer(config), model=model)
         bar.update(1)
         out = Checkpointer(dst, async_save=False)
@@ -186,36 +211,32 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
                 "imported_from": os.path.abspath(path)}
         info = out.save(0, state, meta, wait=True)
         out.close()
+        lock.release()
         bar.update(1)
     return {"dst": dst, "step": 0, "mesh": meta["mesh"], "bytes": info["bytes"]}
 
 
 def main(argv) -> None:
     del argv
-    from zaya_jax.checkpoint import CheckpointError
-    from zaya_jax.config import ConfigError, validate
-    from zaya_jax.hf import HFConversionError
+    from zaya_jax.config import validate
 
     src, dst, to_hf, from_hf = _SRC.value, _DST.value, _TO_HF.value, _FROM_HF.value
-    try:
-        if from_hf:
-            if src or to_hf or not dst:
-                raise CheckpointError("--from_hf needs --dst (and neither --src nor --to_hf)")
-            config = validate(_CONFIG.value) if _CONFIG.value is not None else None
-            result = import_hf(from_hf, dst, config=config, mesh_spec=_MESH.value, dtype=_DTYPE.value)
-        elif src and to_hf:
-            if dst:
-                raise CheckpointError("pass either --dst (reshard) or --to_hf (export), not both")
-            result = export_hf(src, to_hf, step=_STEP.value, dtype=_DTYPE.value, layout=_HF_LAYOUT.value)
-        elif src and dst:
-            result = reshard(src, dst, step=_STEP.value, mesh_spec=_MESH.value, param_sharding=_SHARDING.value,
-                             dtype=_DTYPE.value)
-        else:
-            raise CheckpointError("pass --src with --dst (reshard) or --to_hf (export), or --from_hf with --dst")
-    except (CheckpointError, ConfigError, HFConversionError) as err:
-        sys.exit(f"reshard: error: {err}")
+    if from_hf:
+        if src or to_hf or not dst:
+            cli.fail("reshard", "--from_hf needs --dst (and neither --src nor --to_hf)")
+        config = validate(_CONFIG.value) if _CONFIG.value is not None else None
+        result = import_hf(from_hf, dst, config=config, mesh_spec=_MESH.value, dtype=_DTYPE.value)
+    elif src and to_hf:
+        if dst:
+            cli.fail("reshard", "pass either --dst (reshard) or --to_hf (export), not both")
+        result = export_hf(src, to_hf, step=_STEP.value, dtype=_DTYPE.value, layout=_HF_LAYOUT.value)
+    elif src and dst:
+        result = reshard(src, dst, step=_STEP.value, mesh_spec=_MESH.value, param_sharding=_SHARDING.value,
+                         dtype=_DTYPE.value)
+    else:
+        cli.fail("reshard", "pass --src with --dst (reshard) or --to_hf (export), or --from_hf with --dst")
     print(json.dumps(result))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "reshard")

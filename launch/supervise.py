@@ -3,8 +3,10 @@
     python -m launch.supervise --max_restarts=10 --heartbeat_timeout=600 -- \\
         python -m launch.train --config=experiments/zaya1_tiny.py --workdir=runs/tiny
 
-The trainer writes a heartbeat file every step (`$ZAYA_HEARTBEAT_FILE`, default
-`<workdir>/heartbeat.json`). The supervisor
+The trainer writes a heartbeat file every step (`$ZAYA_HEARTBEAT_FILE`, set by the supervisor to
+`<workdir>/heartbeat.json`). Every start gets an id (`$ZAYA_ATTEMPT_ID`) that the trainer's heartbeats and
+event rows carry, so the trainer is followed whatever runs in between (`timeout`, `srun`, `conda run`, a
+shell): its heartbeats, not the child's pid, decide. The supervisor
 * kills (SIGKILL, whole process group) a trainer whose heartbeat stops changing for
   `--heartbeat_timeout` s while training, or that shows no step within `--startup_timeout` s of
   starting (import, restore, compilation) or of its last step (final evaluation);
@@ -12,10 +14,13 @@ The trainer writes a heartbeat file every step (`$ZAYA_HEARTBEAT_FILE`, default
   `--max_backoff`; k counts consecutive attempts that made no progress), up to `--max_restarts`;
 * restarts a trainer that exited 0 after a preemption (heartbeat phase "preempted"), and stops when
   one exits 0 having finished;
+* does not restart a trainer that exited 78 (`launch.cli.EXIT_BAD_INPUT`: a config / usage / data error,
+  or a workdir in use by another run): the same command would fail the same way; it exits 78 too;
 * reads the available device count (`--available_devices_file`, default `<workdir>/available_devices`,
   or `--devices`) before every start and exports `ZAYA_AVAILABLE_DEVICES`, so the trainer rebuilds a
   smaller mesh (`mesh.data=-1`) and restores onto it;
-* forwards SIGTERM/SIGINT to the trainer (which saves and exits) and then stops.
+* forwards SIGTERM/SIGINT to the trainer (which saves and exits) and then stops; kills (SIGKILL) reach the
+  child's process group and the trainer itself if a wrapper moved it out of that group (same host only).
 Every event goes to the JSONL event log shared with the trainer (`--event_log`, default
 `<workdir>/events.jsonl`); the last row is a summary (restarts by reason, steps lost, downtime).
 """
@@ -26,24 +31,32 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 
+from launch.cli import EXIT_BAD_INPUT
 from zaya_jax.checkpoint.elastic import AVAILABLE_DEVICES_ENV
-from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
+from zaya_jax.checkpoint.events import ATTEMPT_ENV, EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
 from zaya_jax.checkpoint.faults import available_devices_file, read_available_devices
 
 
 _STEP_EVENTS = ("save", "fault", "preempted", "finish")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"supervise: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    if "--" not in argv:
-        raise SystemExit("supervise: error: put the trainer command after `--`, e.g. "
-                         "python -m launch.supervise -- python -m launch.train --config=... --workdir=...")
-    split = argv.index("--")
-    p = argparse.ArgumentParser(prog="python -m launch.supervise", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m launch.supervise", description=__doc__.split("\n")[0])
+    if "--" not in argv and not {"-h", "--help"} & set(argv):
+        p.error("put the trainer command after `--`, e.g. "
+                "python -m launch.supervise -- python -m launch.train --config=... --workdir=...")
+    split = argv.index("--") if "--" in argv else len(argv)
     p.add_argument("--max_restarts", type=int, default=10)
     p.add_argument("--heartbeat_timeout", type=float, default=600.0, help="s without a new step while training")
     p.add_argument("--startup_timeout", type=float, default=1800.0, help="s until the first step / after the last")
@@ -96,32 +109,58 @@ class Supervisor:
         self.stop_signal: str | None = None
         self.stop_time = 0.0
         self.proc: subprocess.Popen | None = None
+        self.run_id = f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+        self.attempt_id: str | None = None
+        self.trainer_pid: int | None = None  # from this attempt's heartbeats, when on this host
         self.stats = {"restarts": 0, "by_reason": {}, "steps_lost": 0, "downtime_s": 0.0, "attempts": []}
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_signal, self.stop_time = signal.Signals(signum).name, time.time()
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the trainer saves and exits 0
+            self._signal_trainer(signal.SIGTERM)  # the trainer saves and exits 0
 
     def _devices(self) -> int | None:
         return read_available_devices(self.args.available_devices_file) or self.args.devices
 
+    def _ours(self, row: dict) -> bool:
+        """Is this heartbeat / event row from the current attempt's trainer (through any wrapper)?"""
+        if row.get("attempt_id") is not None:
+            return row["attempt_id"] == self.attempt_id
+        return self.proc is not None and row.get("pid") == self.proc.pid  # a trainer that does not stamp ids
+
+    def _signal_trainer(self, sig: int) -> None:
+        """`sig` to the child's process group and to the trainer, should a wrapper have moved it elsewhere."""
+        for send, target in ((os.killpg, self.proc.pid), (os.kill, self.trainer_pid)):
+            if target:
+                try:
+                    send(target, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
     def _kill(self) -> int:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        return self.proc.wait()
+        self._signal_trainer(signal.SIGKILL)
+        rc = self.proc.wait()
+        deadline = time.time() + 30  # a trainer outside the child's group dies on its own schedule
+        while self.trainer_pid and time.time() < deadline:
+            try:
+                os.kill(self.trainer_pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.1)
+        return rc
 
     def run_attempt(self, attempt: int, devices: int | None) -> dict:
         """Start the trainer once and watch it until it exits or is killed."""
-        env = dict(os.environ, **{HEARTBEAT_ENV: self.heartbeat_file, EVENT_LOG_ENV: self.args.event_log})
+        self.attempt_id, self.trainer_pid = f"{self.run_id}.{attempt}", None
+        env = dict(os.environ, **{HEARTBEAT_ENV: self.heartbeat_file, EVENT_LOG_ENV: self.args.event_log,
+                                  ATTEMPT_ENV: self.attempt_id})
         if devices is not None:
             env[AVAILABLE_DEVICES_ENV] = str(devices)
         start = time.time()
         self.proc = subprocess.Popen(self.args.command, env=env, start_new_session=True)
-        self.events.write("child_start", attempt=attempt, child_pid=self.proc.pid, devices=devices,
-                          committed=committed_steps(self.args.checkpoint_dir), command=self.args.command)
+        self.events.write("child_start", attempt=attempt, attempt_id=self.attempt_id, child_pid=self.proc.pid,
+                          devices=devices, committed=committed_steps(self.args.checkpoint_dir),
+                          command=self.args.command)
         info = {"attempt": attempt, "pid": self.proc.pid, "start": start, "first_step_time": None,
                 "last_step": None, "last_progress": start, "phase": "start", "reason": None}
         seen = None
@@ -129,8 +168,10 @@ class Supervisor:
             rc = self.proc.poll()
             hb = read_json(self.heartbeat_file)
             now = time.time()
-            if isinstance(hb, dict) and hb.get("pid") == self.proc.pid and hb != seen:
+            if isinstance(hb, dict) and self._ours(hb) and hb != seen:
                 seen, info["phase"], info["last_progress"] = hb, hb.get("phase"), now
+                if hb.get("host", socket.gethostname()) == socket.gethostname() and hb.get("pid") != self.proc.pid:
+                    self.trainer_pid = hb.get("pid")
                 if hb.get("phase") in ("train", "final", "done", "preempted"):
                     info["last_step"] = hb.get("step")
                     info["first_step_time"] = info["first_step_time"] or now
@@ -158,17 +199,20 @@ class Supervisor:
         info["committed"] = committed_steps(self.args.checkpoint_dir)
         # steps the trainer logged itself (a fault may end it after a step but before the heartbeat hook ran)
         reached = [int(r["step"]) for r in read_events(self.args.event_log)
-                   if r.get("pid") == self.proc.pid and r.get("event") in _STEP_EVENTS and "step" in r]
+                   if r.get("source") != "supervisor" and self._ours(r) and r.get("event") in _STEP_EVENTS
+                   and "step" in r]
         if reached and (info["last_step"] is None or max(reached) > info["last_step"]):
             info["last_step"] = max(reached)
-        self.events.write("child_exit", attempt=attempt, child_pid=self.proc.pid, rc=rc, reason=info["reason"],
-                          last_step=info["last_step"], phase=info["phase"], committed=info["committed"],
-                          seconds=round(info["end"] - start, 1))
+        self.events.write("child_exit", attempt=attempt, attempt_id=self.attempt_id, child_pid=self.proc.pid, rc=rc,
+                          reason=info["reason"], last_step=info["last_step"], phase=info["phase"],
+                          committed=info["committed"], seconds=round(info["end"] - start, 1))
         return info
 
-    def _restored_step(self, pid: int) -> int | None:
+    def _restored_step(self) -> int | None:
+        """The step the current attempt's trainer resumed from (None if it did not get that far)."""
         for row in read_events(self.args.event_log):
-            if row.get("pid") == pid and row.get("event") in ("restored", "fresh_start"):
+            if row.get("source") != "supervisor" and self._ours(row) and row.get("event") in ("restored",
+                                                                                               "fresh_start"):
                 return int(row.get("step", 0))
         return None
 
@@ -186,7 +230,7 @@ class Supervisor:
             info = self.run_attempt(attempt, devices)
             self.stats["attempts"].append({k: info[k] for k in ("attempt", "pid", "rc", "reason", "last_step")})
             if prev is not None:  # account for the restart that led to this attempt
-                restored = self._restored_step(info["pid"])
+                restored = self._restored_step()
                 if prev["last_step"] is not None and restored is not None:
                     self.stats["steps_lost"] += max(0, prev["last_step"] - restored)
                 resumed_at = info["first_step_time"] or info["end"]
@@ -194,6 +238,10 @@ class Supervisor:
             made_progress = info["last_step"] is not None
             if info["reason"] == "done" or self.stop_signal is not None:
                 ok = info["rc"] == 0
+                break
+            if info["rc"] == EXIT_BAD_INPUT:  # config / usage / data error: a restart would fail the same way
+                self.events.write("give_up", restarts=self.stats["restarts"], last_reason=info["reason"],
+                                  why="the trainer reported bad input (exit 78); fix it and start again")
                 break
             if self.stats["restarts"] >= self.args.max_restarts:
                 self.events.write("give_up", restarts=self.stats["restarts"], last_reason=info["reason"])
@@ -215,7 +263,9 @@ class Supervisor:
                    "stopped_by": self.stop_signal}
         self.events.write("summary", **summary)
         print(json.dumps(summary, indent=2))
-        return 0 if ok else 1
+        if ok:
+            return 0
+        return EXIT_BAD_INPUT if info["rc"] == EXIT_BAD_INPUT else 1
 
     def _sleep(self, seconds: float) -> None:
         end = time.time() + seconds

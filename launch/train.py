@@ -6,19 +6,25 @@ Any config field can be overridden with `--config.<field>=<value>`. Multi-proces
 `jax.distributed.initialize`: pass `--coordinator_address=host:port --num_processes=N --process_id=i`,
 or nothing under SLURM (jax reads the SLURM environment). On a CPU-only host, `--cpu_devices=N`
 (default 8) emulates N devices so meshes such as 2 data × 4 expert run anywhere.
+
+Before any work the layout is checked (`zaya_jax.parallel.mesh.check_layout`) and the workdir is locked.
+Errors are one line (`--verbose` for the traceback); exit status 78 means bad input (see `launch/cli.py`).
 """
 
+from launch import cli
 from launch.cpu_devices import emulate_from_argv
 from zaya_jax.checkpoint import elastic
 
-elastic.apply_to_environment()  # $ZAYA_AVAILABLE_DEVICES (set by launch.supervise) overrides --cpu_devices
+try:
+    elastic.apply_to_environment()  # $ZAYA_AVAILABLE_DEVICES (set by launch.supervise) overrides --cpu_devices
+except ValueError as _err:
+    cli.fail("train", _err)
 emulate_from_argv(default=8)
 
 import json  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).",
@@ -34,6 +40,9 @@ _PROFILE_STEPS = flags.DEFINE_list("profile_steps", None, "START,STOP: write a j
                                    "steps [START, STOP) (START >= 1; a single N traces step N).")
 _PROFILE_DIR = flags.DEFINE_string("profile_dir", None, "Directory for the profiler trace (default <workdir>/profile).")
 flags.mark_flags_as_required(["config", "workdir"])
+flags.register_validator("workdir", lambda v: v is None or bool(v.strip()), "--workdir must not be empty")
+flags.register_validator("profile_steps", lambda v: v is None or (0 < len(v) <= 2 and all(s.isdigit() for s in v)),
+                         "--profile_steps takes START,STOP or a single step N (non-negative integers)")
 
 
 def _profile_hook(workdir: str):
@@ -56,12 +65,12 @@ def _maybe_initialize_distributed() -> None:
     if not wanted:
         return
     if _COORD.value and (_NPROC.value is None or _PID.value is None):
-        sys.exit("train: --coordinator_address needs --num_processes and --process_id")
+        cli.fail("train", "--coordinator_address needs --num_processes and --process_id")
     try:
         jax.distributed.initialize(coordinator_address=_COORD.value, num_processes=_NPROC.value,
                                    process_id=_PID.value)
     except ValueError as err:  # e.g. SLURM_NTASKS > 1 outside `srun`: no SLURM_STEP_* variables to detect
-        sys.exit(f"train: jax.distributed.initialize: {err}. Start one process per node with srun "
+        cli.fail("train", f"jax.distributed.initialize: {err}. Start one process per node with srun "
                  "(launch/rocm/train.sbatch) or pass --coordinator_address/--num_processes/--process_id")
     logging.info("process %d of %d, %d global devices (%d local)", jax.process_index(), jax.process_count(),
                  jax.device_count(), jax.local_device_count())
@@ -74,34 +83,44 @@ def _maybe_initialize_distributed() -> None:
                         "JAX_LOCAL_DEVICE_IDS=0,1,...,7 (launch/rocm/env.sh)", jax.local_device_count(), gpus, tasks)
 
 
+def _elastic_shrink(config) -> None:
+    """Elastic restart ($ZAYA_AVAILABLE_DEVICES=n): a mesh of at most n devices the batch still splits over."""
+    if (n := elastic.available_devices()) is None:
+        return
+    sizes = elastic.shrink_mesh(config, n)
+    used = sizes["data"] * sizes["expert"] * sizes["context"]
+    if used < n:  # before jax starts its backend
+        elastic.use_devices(used)
+        logging.warning("elastic: %d devices available, but the global batch only splits over %d of them", n, used)
+    logging.info("elastic: mesh %s", sizes)
+
+
 def main(argv):
     del argv
+    from zaya_jax.config import validate
+
+    config = validate(_CONFIG.value)
+    _elastic_shrink(config)
     _maybe_initialize_distributed()
     import jax
 
-    from zaya_jax.checkpoint import CheckpointError, make_checkpointer
-    from zaya_jax.config import ConfigError, validate
-    from zaya_jax.data.tokenizer import DataError
+    from zaya_jax.checkpoint import make_checkpointer
+    from zaya_jax.parallel.mesh import check_layout, resolve_mesh_shape
     from zaya_jax.train.loop import train
 
+    check_layout(config, resolve_mesh_shape(config.mesh, jax.device_count()), process_count=jax.process_count())
+    workdir = os.path.abspath(_WORKDIR.value)
+    checkpointer = make_checkpointer(config, workdir)
+    profiler = _profile_hook(workdir)
     try:
-        config = validate(_CONFIG.value)
-        if (n := elastic.available_devices()) is not None:  # elastic restart: rebuild the mesh on n devices
-            logging.info("elastic: %d devices available, mesh %s", n, elastic.shrink_mesh(config, n))
-        workdir = os.path.abspath(_WORKDIR.value)
-        checkpointer = make_checkpointer(config, workdir)
-        profiler = _profile_hook(workdir)
-        try:
-            summary = train(config, workdir, checkpointer=checkpointer,
-                            hooks=[checkpointer.heartbeat] + ([profiler] if profiler else []))
-        except BaseException:
-            checkpointer.abort()  # a crash still lets an in-flight save of a good state commit
-            raise
-        finally:
-            if profiler:
-                profiler.close()
-    except (ConfigError, DataError, CheckpointError) as err:
-        sys.exit(f"train: error: {err}")
+        summary = train(config, workdir, checkpointer=checkpointer,
+                        hooks=[checkpointer.heartbeat] + ([profiler] if profiler else []))
+    except BaseException:
+        checkpointer.abort()  # a crash still lets an in-flight save of a good state commit
+        raise
+    finally:
+        if profiler:
+            profiler.close()
     if jax.process_index() == 0:
         summary.pop("state", None)
         print(json.dumps(summary, indent=2))
@@ -111,4 +130,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "train")

@@ -96,10 +96,9 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     """Every leaf of a saved TrainState as NumPy, keyed by path (restored onto one device)."""
     import jax
 
-    from zaya_jax.checkpoint.manager import path_str
-    from zaya_jax.checkpoint.model_io import load_train_state
+    from zaya_jax.checkpoint.integrity import path_str
+    from zaya_jax.checkpoint.model_io import load_train_state, open_checkpoint
     from zaya_jax.parallel.mesh import make_mesh
-    from zaya_jax.checkpoint.model_io import open_checkpoint
 
     ck, step, _, config = open_checkpoint(ckpt_dir, step)
     ck.close()
@@ -107,6 +106,29 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     mesh = make_mesh(config, devices=jax.devices()[:1])
     _, _, _, _, state, _ = load_train_state(ckpt_dir, mesh, config=config, step=step)
     return {path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+
+
+def tiny_mesh_config(mesh_sizes: dict):
+    """experiments/zaya1_tiny.py with `config.mesh` set to `mesh_sizes`."""
+    from tests.helpers import tiny_config
+
+    config = tiny_config()
+    config.mesh.update(mesh_sizes)
+    return config
+
+
+def random_state(config, mesh, seed: int = 0):
+    """(host NumPy tree, device TrainState) of random values with the config's shapes, dtypes and shardings."""
+    import jax
+
+    from zaya_jax.train.optimizer import make_optimizer
+    from zaya_jax.train.state import abstract_train_state
+
+    _, abstract, _ = abstract_train_state(config, mesh, make_optimizer(config))
+    rng = np.random.default_rng(seed)
+    host = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype) if a.shape
+                        else np.asarray(7, a.dtype), abstract)
+    return host, jax.tree.map(lambda h, a: jax.device_put(h, a.sharding), host, abstract)
 
 
 @pytest.fixture(scope="session")

@@ -17,12 +17,15 @@ import pytest
 import safetensors.numpy
 from flax import nnx
 
+from launch.cli import EXIT_BAD_INPUT
 from tests.checkpoint_helpers import (  # noqa: F401 - data_dir is a fixture
-    STEPS, config_overrides, data_dir, events, losses, metric_rows, read_state, run, train_cmd,
+    STEPS, config_overrides, data_dir, events, losses, metric_rows, random_state, read_state, run,
+    tiny_mesh_config, train_cmd,
 )
 from zaya_jax.checkpoint import Checkpointer, CheckpointError, load_model
 from zaya_jax.checkpoint.errors import CorruptCheckpointError
 from zaya_jax.checkpoint.faults import corrupt_step_dir
+from zaya_jax.checkpoint.lock import LOCK_NAME
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +37,9 @@ def reference(tmp_path_factory, data_dir):
 
 
 def _tree_stats(path: str) -> list[tuple]:
+    """(path, size, mtime) of every file below `path` but the directory lock (taken by every writer)."""
     return sorted((os.path.relpath(os.path.join(r, f), path), os.path.getsize(os.path.join(r, f)),
-                   os.path.getmtime(os.path.join(r, f))) for r, _, fs in os.walk(path) for f in fs)
+                   os.path.getmtime(os.path.join(r, f))) for r, _, fs in os.walk(path) for f in fs if f != LOCK_NAME)
 
 
 @pytest.mark.slow
@@ -80,32 +84,13 @@ def test_resume_on_fewer_devices_matches(reference, data_dir, tmp_path):
         assert rel <= 1e-5, f"step {step}: loss {row['loss']} vs {ref[step]['loss']} (rel {rel:.2e})"
 
 
-def _random_state(config, mesh, seed: int = 0):
-    from zaya_jax.train.optimizer import make_optimizer
-    from zaya_jax.train.state import abstract_train_state
-
-    _, abstract, _ = abstract_train_state(config, mesh, make_optimizer(config))
-    rng = np.random.default_rng(seed)
-    host = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype) if a.shape
-                        else np.asarray(7, a.dtype), abstract)
-    return host, jax.tree.map(lambda h, a: jax.device_put(h, a.sharding), host, abstract)
-
-
-def _tiny(data_sizes: dict):
-    from tests.helpers import tiny_config
-
-    config = tiny_config()
-    config.mesh.update(data_sizes)
-    return config
-
-
 def test_restore_2x4_onto_4x2_and_8x1_is_identical(tmp_path):
     from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.optimizer import make_optimizer
     from zaya_jax.train.state import abstract_train_state
 
-    config = _tiny(dict(data=2, expert=4, context=1))
-    host, state = _random_state(config, make_mesh(config))
+    config = tiny_mesh_config(dict(data=2, expert=4, context=1))
+    host, state = random_state(config, make_mesh(config))
     ck = Checkpointer(str(tmp_path / "ck"))
     ck.save(3, state, {"data": None}, wait=True)
     for sizes in (dict(data=4, expert=2), dict(data=8, expert=1)):
@@ -125,8 +110,8 @@ def test_restore_2x4_onto_4x2_and_8x1_is_identical(tmp_path):
 def test_reshard_cli_mesh_and_dtype(tmp_path):
     from zaya_jax.parallel.mesh import make_mesh
 
-    config = _tiny(dict(data=2, expert=4, context=1))
-    host, state = _random_state(config, make_mesh(config), seed=1)
+    config = tiny_mesh_config(dict(data=2, expert=4, context=1))
+    host, state = random_state(config, make_mesh(config), seed=1)
     src = str(tmp_path / "src")
     ck = Checkpointer(src)
     ck.save(5, state, {"data": {"global_index": 40}, "config": config.to_dict()}, wait=True)
@@ -143,7 +128,8 @@ def test_reshard_cli_mesh_and_dtype(tmp_path):
             np.testing.assert_array_equal(got[name], value.astype(jnp.bfloat16), err_msg=name)
         elif name.startswith(("biases/", "balancing/", "step")):
             np.testing.assert_array_equal(got[name], value, err_msg=name)
-    again = run([sys.executable, "-m", "launch.reshard", f"--src={src}", f"--dst={dst}"], None, expect_rc=1)
+    again = run([sys.executable, "-m", "launch.reshard", f"--src={src}", f"--dst={dst}"], None,
+                expect_rc=EXIT_BAD_INPUT)
     assert again.stderr.strip().splitlines()[-1].startswith("reshard: error: --dst=")
 
 
@@ -180,10 +166,10 @@ def test_hf_export_matches_transformers_and_import_resumes(reference, data_dir, 
 
 
 def test_retention_and_commit_safety(tmp_path, monkeypatch):
-    config = _tiny(dict(data=8, expert=1, context=1))
+    config = tiny_mesh_config(dict(data=8, expert=1, context=1))
     from zaya_jax.parallel.mesh import make_mesh
 
-    _, state = _random_state(config, make_mesh(config))
+    _, state = random_state(config, make_mesh(config))
     ck = Checkpointer(str(tmp_path / "ck"), keep=2, keep_every=4)
     for step in range(1, 10):
         ck.save(step, state, {"data": None})
@@ -206,18 +192,19 @@ def test_retention_and_commit_safety(tmp_path, monkeypatch):
 
 
 def test_bad_inputs_give_one_line_errors(tmp_path, monkeypatch):
-    config = _tiny(dict(data=8, expert=1, context=1))
+    config = tiny_mesh_config(dict(data=8, expert=1, context=1))
     from zaya_jax.parallel.mesh import make_mesh
     from zaya_jax.train.optimizer import make_optimizer
     from zaya_jax.train.state import abstract_train_state
 
-    _, state = _random_state(config, make_mesh(config))
+    _, state = random_state(config, make_mesh(config))
     ck_dir = str(tmp_path / "ck")
     ck = Checkpointer(ck_dir)
     ck.save(2, state, {"data": None, "config": config.to_dict()}, wait=True)
     ck.close()
     ck = Checkpointer(ck_dir)
     before = _tree_stats(ck_dir)
+    _, same, _ = abstract_train_state(config, make_mesh(config), make_optimizer(config))
     config.model.hidden_size = 32
     _, other, _ = abstract_train_state(config, make_mesh(config), make_optimizer(config))
     with pytest.raises(CheckpointError) as err:
@@ -233,7 +220,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path, monkeypatch):
     shutil.copytree(ck_dir, broken)
     corrupt_step_dir(os.path.join(broken, "2"))
     with pytest.raises(CorruptCheckpointError, match="step 2 .* is unreadable"):
-        Checkpointer(broken, read_only=True).restore(2, jax.tree.map(lambda x: x, other))
+        Checkpointer(broken, read_only=True).restore(2, same)
     read_only = tmp_path / "ro"
     read_only.mkdir()
     read_only.chmod(0o555)
@@ -249,7 +236,8 @@ def test_train_cli_reports_shape_mismatch(reference, data_dir, tmp_path):
     workdir = str(tmp_path / "mismatch")
     shutil.copytree(os.path.join(reference, "checkpoints"), os.path.join(workdir, "checkpoints"))
     before = _tree_stats(os.path.join(workdir, "checkpoints"))
-    proc = run(train_cmd(workdir, data_dir, 8, "--config.model.moe_intermediate_size=32"), 8, expect_rc=1)
+    proc = run(train_cmd(workdir, data_dir, 8, "--config.model.moe_intermediate_size=32"), 8,
+               expect_rc=EXIT_BAD_INPUT)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("train: error: checkpoint step 8 in ") and "has shape" in last, last
     assert _tree_stats(os.path.join(workdir, "checkpoints")) == before

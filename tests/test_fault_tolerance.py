@@ -1,6 +1,7 @@
 """Fault tolerance: a supervised run survives seven kinds of injected faults (crash, NaN, SIGKILL during a
-save, hang, SIGTERM preemption, device loss → smaller mesh, corrupt checkpoint) with no committed step
-lost; supervisor watchdog / backoff / signal forwarding with stand-in trainers; fault and guard units.
+save, hang, SIGTERM preemption, device loss → smaller mesh that the batch still splits over, corrupt
+checkpoint) with no committed step lost; supervisor watchdog / backoff / signal forwarding with stand-in
+trainers; fault and guard units. More faults and bad inputs: tests/test_reliability.py.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import time
 import pytest
 
 from tests.checkpoint_helpers import REPO, STEPS, data_dir, env_for, events, train_cmd  # noqa: F401
+from tests.reliability_cases import fault_outcomes
 from zaya_jax.checkpoint import CheckpointError, EventLog, FaultInjector, LossGuard, parse_faults
 
-FAULTS = "crash@2,nan@3,sigkill_during_save@4,hang@5,sigterm@6,device_loss@7:2,corrupt_checkpoint@8"
+# device_loss@7:3: a batch of 8 does not split over 3 devices, so the elastic restart uses 2 of them
+FAULTS = "crash@2,nan@3,sigkill_during_save@4,hang@5,sigterm@6,device_loss@7:3,corrupt_checkpoint@8"
 
 
 def supervise(workdir: str, command: list[str], *extra: str, devices: int | None = None, timeout: float = 900,
@@ -61,9 +64,13 @@ def test_supervised_run_survives_injected_faults(data_dir, tmp_path):
     assert any(r["event"] == "hang_detected" and r["child_pid"] == fired["hang"]["pid"] for r in rows)
     assert exit_of("sigterm")["reason"] == "preempted"
     assert exit_of("device_loss")["reason"] == "exit 1"
-    assert any(r["event"] == "elastic_resize" and r["devices"] == 2 for r in rows)
+    assert any(r["event"] == "elastic_resize" and r["devices"] == 3 for r in rows)
     assert any(r["event"] == "restored" and r["saved_mesh"]["data"] == 4 and r["mesh"]["data"] == 2 for r in rows)
     assert any(r["event"] == "checkpoint_corrupt" and r["step"] == STEPS for r in rows)
+    assert f"checkpoint step {STEPS} in " in proc.stderr and "falling back to step" in proc.stderr  # on the console
+    outcomes = fault_outcomes(rows)
+    assert sorted(o["kind"] for o in outcomes) == sorted(fired)
+    assert all(o["lost"] == 0 for o in outcomes if o["good"] is not None), outcomes
 
 
 def _fake_trainer(tmp_path, body: str) -> list[str]:

@@ -132,19 +132,10 @@ def validate_mesh(config: ml_collections.ConfigDict) -> None:
                f"model.num_experts={config.model.num_experts} is not divisible by mesh.expert={config.mesh.expert}")
     layout = config.mesh.get("context_layout", "contiguous")
     _check(layout in CONTEXT_LAYOUTS, f"mesh.context_layout={layout!r}; choose one of {CONTEXT_LAYOUTS}")
-    if config.mesh.context > 1 and "train" in config:
-        m, seq = config.model, config.train.seq_len
-        per = 2 if layout == "zigzag" else 1
-        chunks = config.mesh.context * per
-        halo = (m.cca_time0 - 1) + (m.cca_time1 - 1)
-        _check(seq % chunks == 0,
-               f"train.seq_len={seq} is not divisible by mesh.context={config.mesh.context}"
-               + (" x 2 (zigzag layout)" if per == 2 else "")
-               + f": context parallelism splits every sequence into {chunks} equal chunks; choose a multiple of "
-               f"{chunks} or another mesh.context")
-        _check(seq // chunks >= max(halo, 1),
-               f"train.seq_len={seq} / {chunks} chunks gives {seq // chunks} tokens per chunk, fewer than the CCA "
-               f"conv halo ({halo}); use a longer sequence or a smaller mesh.context")
+    if config.mesh.context > 1:
+        from zaya_jax.parallel.mesh import check_sequence_split
+
+        check_sequence_split(config, int(config.mesh.context))
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -46,7 +46,7 @@ from zaya_jax.config import validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
-from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, resolve_mesh_shape
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, check_layout, make_mesh, resolve_mesh_shape
 from zaya_jax.train.setup import prepare_abstract
 from zaya_jax.train.step import BATCH_KEYS
 
@@ -107,6 +107,7 @@ def planning_config(config: ml_collections.ConfigDict, *, mesh: dict[str, int] |
             notes.append(f"capacity_factor {m.capacity_factor} -> {capacity_factor} for planning")
             m.capacity_factor = float(capacity_factor)
     validate_mesh(cfg)  # e.g. the sequence must split into equal context-parallel chunks
+    check_layout(cfg, sizes)
     return cfg, notes
 
 

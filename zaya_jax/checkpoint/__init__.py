@@ -5,8 +5,8 @@ rollback, preemption handling, fault injection, heartbeat/event files for `launc
     ckpt = checkpoint.make_checkpointer(config, workdir)        # the training loop's checkpointer
     config, model = checkpoint.load_model("runs/x/checkpoints")  # inference / eval
 
-Attributes are imported lazily so the jax-free parts (`events`, `elastic`, `faults` parsing used by
-`launch.supervise` and before jax starts in `launch.train`) do not pull in jax/orbax.
+Attributes are imported lazily so the jax-free parts (`errors`, `events`, `elastic`, `lock`, `faults` parsing
+used by `launch.supervise` and before jax starts in `launch.train`) do not pull in jax/orbax.
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ import importlib
 
 _EXPORTS = {
     "CheckpointError": "errors",
+    "CheckpointConfigError": "errors",
     "CorruptCheckpointError": "errors",
+    "WorkdirLockedError": "errors",
+    "DirLock": "lock",
     "add_to": "defaults",
     "validate": "defaults",
     "EventLog": "events",

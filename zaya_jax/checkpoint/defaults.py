@@ -1,6 +1,6 @@
 """Default `config.checkpoint` section (checkpointing, loss guard, fault injection) and its validation.
 
-`zaya_jax.config.default_config` calls `add_to(config)`; `validate(config)` raises `CheckpointError`
+`zaya_jax.config.default_config` calls `add_to(config)`; `validate(config)` raises `CheckpointConfigError`
 naming the field and the fix (`make_checkpointer` calls it).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from zaya_jax.checkpoint.errors import CheckpointError
+from zaya_jax.checkpoint.errors import CheckpointConfigError
 
 
 def add_to(config: ml_collections.ConfigDict) -> None:
@@ -33,16 +33,16 @@ def add_to(config: ml_collections.ConfigDict) -> None:
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
-    """Raise `CheckpointError` for invalid `config.checkpoint` values."""
+    """Raise `CheckpointConfigError` for invalid `config.checkpoint` values."""
     c = config.checkpoint
     if int(c.preemption_sync_every) < 1:
-        raise CheckpointError(f"checkpoint.preemption_sync_every={c.preemption_sync_every} must be >= 1")
+        raise CheckpointConfigError(f"checkpoint.preemption_sync_every={c.preemption_sync_every} must be >= 1")
     for name in ("every", "keep", "keep_every", "spike_window", "max_rollbacks"):
         if int(c[name]) < 0:
-            raise CheckpointError(f"checkpoint.{name}={c[name]} must be >= 0")
+            raise CheckpointConfigError(f"checkpoint.{name}={c[name]} must be >= 0")
     if int(c.keep) < 1:
-        raise CheckpointError(f"checkpoint.keep={c.keep} must be >= 1 (the newest checkpoint is always kept)")
+        raise CheckpointConfigError(f"checkpoint.keep={c.keep} must be >= 1 (the newest checkpoint is always kept)")
     if float(c.spike_zscore) < 0:
-        raise CheckpointError(f"checkpoint.spike_zscore={c.spike_zscore} must be >= 0 (0 = off)")
+        raise CheckpointConfigError(f"checkpoint.spike_zscore={c.spike_zscore} must be >= 0 (0 = off)")
     if float(c.spike_zscore) > 0 and int(c.spike_window) < 4:
-        raise CheckpointError(f"checkpoint.spike_window={c.spike_window} must be >= 4 when spike_zscore > 0")
+        raise CheckpointConfigError(f"checkpoint.spike_window={c.spike_window} must be >= 4 when spike_zscore > 0")

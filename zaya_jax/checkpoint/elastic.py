@@ -2,15 +2,16 @@
 
 The supervisor (or an operator) exports `ZAYA_AVAILABLE_DEVICES=N` when only N devices are healthy.
 Before jax is imported, `apply_to_environment()` makes the process see N devices: on a CPU host the
-emulated device count, on GPU hosts `CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES` (first N, unless
-already set). After the config is loaded, `shrink_mesh(config, N)` rebuilds the mesh request with
-`mesh.data = -1` (and expert/context axes reduced to divisors of N), so the trainer restores the last
-checkpoint onto the smaller mesh. The global batch size is a config constant and does not change.
+emulated device count, on GPU hosts `CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES` (the first N entries
+of the list, or 0..N-1 if unset). After the config is loaded, `shrink_mesh(config, N)` picks the largest mesh of at most N
+devices that the config can run on (the global batch must still split evenly) and rebuilds the mesh request
+with `mesh.data = -1`; if that mesh uses fewer than N devices, `use_devices(k)` hides the rest. The trainer
+then restores the last checkpoint onto the smaller mesh. The global batch size is a config constant and
+does not change.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
 
@@ -28,23 +29,54 @@ def available_devices() -> int | None:
     return int(raw)
 
 
+def use_devices(count: int) -> None:
+    """Make this process see only its first `count` devices: the emulated CPU device count, and the first
+    `count` entries of CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES (all of 0..count-1 if unset). Takes effect
+    only before jax initialises its backends."""
+    flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
+    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={count}".strip()  # CPU platform only; harmless elsewhere
+    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
+        ids = os.environ.get(var) or ",".join(str(i) for i in range(count))
+        os.environ[var] = ",".join(ids.split(",")[:count])
+
+
 def apply_to_environment() -> int | None:
     """Restrict the devices this process will see to $ZAYA_AVAILABLE_DEVICES (call before importing jax)."""
     n = available_devices()
-    if n is None:
-        return None
-    flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={n}".strip()  # CPU platform only; harmless elsewhere
-    for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
-        os.environ.setdefault(var, ",".join(str(i) for i in range(n)))
+    if n is not None:
+        use_devices(n)
     return n
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
 def shrink_mesh(config, num_devices: int) -> dict[str, int]:
-    """Fit `config.mesh` to `num_devices` (data = -1, expert/context reduced to divisors); returns the new sizes."""
-    mesh = config.mesh
-    context = math.gcd(max(int(mesh.context), 1), num_devices)
-    expert = math.gcd(max(int(mesh.expert), 1), num_devices // context)
-    expert = math.gcd(expert, int(config.model.num_experts))
-    mesh.context, mesh.expert, mesh.data = context, expert, -1  # existing fields: allowed on a locked config
-    return {"data": num_devices // (context * expert), "expert": expert, "context": context}
+    """Fit `config.mesh` to at most `num_devices` devices; returns the new sizes {'data', 'expert', 'context'}.
+
+    Picks the most devices k <= num_devices on which the config can run (`zaya_jax.parallel.mesh.check_layout`:
+    e.g. a global batch of 8 does not split over 3 data shards, so 3 available devices give a 2-device mesh),
+    keeping as much of the configured context, then expert, parallelism as divides k. Sets mesh.context /
+    mesh.expert and mesh.data = -1 (existing fields: allowed on a locked config). When k < num_devices, call
+    `use_devices(k)` before jax starts. Raises ConfigError (one line) if no mesh fits.
+    """
+    from zaya_jax.config import ConfigError
+    from zaya_jax.parallel.mesh import check_layout
+
+    mesh, experts = config.mesh, int(config.model.num_experts)
+    first_error = None
+    for k in range(num_devices, 0, -1):
+        for context in (c for c in _divisors(max(int(mesh.context), 1)) if k % c == 0):
+            for expert in (e for e in _divisors(max(int(mesh.expert), 1)) if (k // context) % e == 0
+                           and experts % e == 0):
+                sizes = {"data": k // (context * expert), "expert": expert, "context": context}
+                try:
+                    check_layout(config, sizes)
+                except ConfigError as err:
+                    first_error = first_error or err
+                    continue
+                mesh.context, mesh.expert, mesh.data = context, expert, -1
+                return sizes
+    raise ConfigError(f"elastic restart on {num_devices} devices: no mesh of at most {num_devices} devices fits the "
+                      f"config ({first_error})")

@@ -3,8 +3,12 @@
 Event log: one JSON object per line, `{"time", "source", "pid", "event", ...}`, appended with a single
 `write` per line (O_APPEND), so the supervisor and the trainer can share one file.
 
-Heartbeat: a small JSON file `{"step", "phase", "time", "pid"}` replaced atomically (write + rename)
+Heartbeat: a small JSON file `{"step", "phase", "time", "pid", "host"}` replaced atomically (write + rename)
 after every training step. The supervisor treats a heartbeat that stops changing as a hang.
+
+A supervisor gives every start of its trainer an id ($ZAYA_ATTEMPT_ID); heartbeats and event rows carry it
+as "attempt_id", so the supervisor recognises its trainer's heartbeats and events whatever the process tree
+between them (`timeout`, `srun`, `conda run`, a shell: the trainer's pid is not the child's).
 Phases: "start" (process up, restoring / compiling), "train" (stepping), "final" (last step done,
 final evaluation), "done" (finished), "preempted" (stopped on SIGTERM/SIGINT after saving).
 """
@@ -13,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from typing import Any
 
 EVENT_LOG_ENV = "ZAYA_EVENT_LOG"
 HEARTBEAT_ENV = "ZAYA_HEARTBEAT_FILE"
+ATTEMPT_ENV = "ZAYA_ATTEMPT_ID"
 PHASES = ("start", "train", "final", "done", "preempted")
 
 
@@ -49,6 +55,8 @@ class EventLog:
     def write(self, event: str, **fields: Any) -> dict:
         """Record `event` with `fields` (JSON-serialisable); returns the row."""
         row = {"time": round(time.time(), 3), "source": self.source, "pid": os.getpid(), "event": event, **fields}
+        if os.environ.get(ATTEMPT_ENV):
+            row.setdefault("attempt_id", os.environ[ATTEMPT_ENV])
         self.events.append(row)
         if self.path and self.enabled:
             line = (json.dumps(row, default=str) + "\n").encode()
@@ -93,8 +101,9 @@ class Heartbeat:
 
     def beat(self, step: int, phase: str = "train", **extra: Any) -> None:
         if self.enabled:
-            _atomic_write_json(self.path, {"step": int(step), "phase": phase, "time": time.time(),
-                                           "pid": os.getpid(), **extra})
+            _atomic_write_json(self.path, {"step": int(step), "phase": phase, "time": time.time(), "pid": os.getpid(),
+                                           "host": socket.gethostname(),
+                                           "attempt_id": os.environ.get(ATTEMPT_ENV), **extra})
 
     def __call__(self, step: int, state: Any = None, metrics: Any = None) -> None:
         final = self.total_steps is not None and step >= self.total_steps

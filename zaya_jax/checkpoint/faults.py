@@ -11,7 +11,10 @@ trainer does not fire them again. Kinds:
     sigkill              SIGKILL this process after the step
     sigkill_during_save  SIGKILL this process while an async checkpoint save is in flight (uncommitted)
     sigterm              SIGTERM this process (preemption: finish the step, save, exit 0)
-    corrupt_checkpoint   after the next save commits, truncate its files, then crash
+    corrupt_checkpoint   after the next save commits, damage it, then crash; `corrupt_checkpoint@8:MODE` with
+                         MODE truncate (every state file, the default), bitflip (one bit in every state data
+                         file), drop_state_metadata (state/_METADATA), drop_meta (the JSON item), drop_data (the
+                         largest state data file)
     device_loss:N        declare only N devices available (file `<workdir>/available_devices`), then crash
 """
 
@@ -22,12 +25,13 @@ import os
 import signal
 import time
 
-from zaya_jax.checkpoint.errors import CheckpointError
+from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError
 from zaya_jax.checkpoint.events import EventLog, _atomic_write_json, read_json
 
 FAULTS_ENV = "ZAYA_FAULTS"
 KINDS = ("crash", "hang", "nan", "spike", "sigkill", "sigkill_during_save", "sigterm", "corrupt_checkpoint",
          "device_loss")
+CORRUPTIONS = ("truncate", "bitflip", "drop_state_metadata", "drop_meta", "drop_data")
 STATE_FILE = "faults_fired.json"
 DEVICES_FILE = "available_devices"
 
@@ -56,9 +60,11 @@ def parse_faults(spec: str) -> list[Fault]:
         kind, sep, rest = item.partition("@")
         at, _, arg = rest.partition(":")
         if not sep or kind not in KINDS or not at.isdigit():
-            raise CheckpointError(f"fault {item!r}: expected kind@step with kind in {', '.join(KINDS)}")
+            raise CheckpointConfigError(f"fault {item!r}: expected kind@step with kind in {', '.join(KINDS)}")
         if kind == "device_loss" and not arg.isdigit():
-            raise CheckpointError(f"fault {item!r}: device_loss needs a device count, e.g. device_loss@{at}:4")
+            raise CheckpointConfigError(f"fault {item!r}: device_loss needs a device count, e.g. device_loss@{at}:4")
+        if kind == "corrupt_checkpoint" and arg and arg not in CORRUPTIONS:
+            raise CheckpointConfigError(f"fault {item!r}: corruption mode must be one of {', '.join(CORRUPTIONS)}")
         faults.append(Fault(kind, int(at), arg))
     return faults
 
@@ -117,18 +123,43 @@ class FaultInjector:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def corrupt_step_dir(step_dir: str) -> list[str]:
-    """Truncate every file of the saved train state in `step_dir` (a torn write / bad disk); returns them."""
-    damaged = []
+def _state_files(step_dir: str, data_only: bool = False) -> list[str]:
+    out = []
     for root, _, files in os.walk(os.path.join(step_dir, "state")):
-        for name in files:
-            path = os.path.join(root, name)
-            with open(path, "r+b") as f:
-                f.truncate(0)
-            damaged.append(os.path.relpath(path, step_dir))
+        if data_only and os.path.basename(root) != "d":
+            continue
+        out += [os.path.join(root, name) for name in sorted(files)]
+    return out
+
+
+def corrupt_step_dir(step_dir: str, mode: str = "truncate") -> list[str]:
+    """Damage a committed step as a bad disk / torn write / bit rot would (modes: see the module docstring);
+    returns the damaged files, relative to `step_dir`."""
+    if mode == "drop_state_metadata":
+        damaged = [os.path.join(step_dir, "state", "_METADATA")]
+    elif mode == "drop_meta":
+        damaged = [os.path.join(step_dir, "meta", "metadata")]
+    elif mode == "drop_data":
+        damaged = sorted(_state_files(step_dir, data_only=True), key=os.path.getsize)[-1:]
+    else:
+        damaged = _state_files(step_dir, data_only=mode == "bitflip")
+    damaged = [p for p in damaged if os.path.exists(p)]
     if not damaged:
         raise CheckpointError(f"{step_dir}: nothing to corrupt (no state files)")
-    return damaged
+    for path in damaged:
+        if mode.startswith("drop"):
+            os.remove(path)
+            continue
+        with open(path, "r+b") as f:
+            if mode == "truncate":
+                f.truncate(0)
+                continue
+            f.seek(os.path.getsize(path) // 2)
+            byte = f.read(1)
+            if byte:
+                f.seek(-1, os.SEEK_CUR)
+                f.write(bytes([byte[0] ^ 0x04]))
+    return [os.path.relpath(p, step_dir) for p in damaged]
 
 
 def available_devices_file(workdir: str) -> str:

@@ -2,7 +2,8 @@
 
 One checkpoint = `<dir>/<step>/` with two Orbax items:
     state   the TrainState pytree (step, params, opt_state, biases, balancing), PyTree handler
-    meta    JSON: format version, step, data-iterator state, seed, config, mesh, save time
+    meta    JSON: format version, step, data-iterator state, seed, config, mesh, save time, and the
+            checksum manifest of the state's arrays (`integrity`), sealed with its own SHA-256
 
 Commit protocol: Orbax writes into `<step>.orbax-checkpoint-tmp*` and renames (or writes
 `commit_success.txt` where renames are not atomic); only finalized step directories count as
@@ -10,12 +11,15 @@ committed. `cleanup_uncommitted()` removes leftovers of interrupted saves. Reten
 `keep` committed steps plus every multiple of `keep_every`) is applied here, only to committed steps
 and only while no save is in flight, so the previous good checkpoint is never deleted before the new
 one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
-NamedShardings), so any mesh works.
+NamedShardings), so any mesh works. Every restore is checked against the checksums: a missing,
+truncated or bit-rotted file raises `CorruptCheckpointError` (the trainer quarantines the step and falls
+back to the previous one); a config that builds a different tree raises `CheckpointConfigError`.
+
+`save` and `restore` are the only places the state is handed to / received from Orbax.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import shutil
@@ -27,23 +31,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint.path import step as ocp_step
 
-from zaya_jax.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from zaya_jax.checkpoint import integrity
+from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EventLog
+from zaya_jax.checkpoint.integrity import path_str
+from zaya_jax.checkpoint.quiet import first_line, quiet_orbax
 
 STATE, META = "state", "meta"
 FORMAT_VERSION = 1
 TMP_MARKER = ".orbax-checkpoint-tmp"
-
-
-def path_str(path) -> str:
-    """'params/layers/moe/w_in' from a jax key path; NNX `.value` / `raw_value` entries are dropped."""
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-    return "/".join(p for p in parts if p not in ("value", "raw_value"))
 
 
 def abstract_target(tree: Any, shardings: Any, dtype_fn=None) -> Any:
@@ -58,29 +54,16 @@ def tree_nbytes(tree: Any) -> int:
     return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
 
 
-class _OrbaxInfoFilter(logging.Filter):
-    """Drops Orbax's per-save INFO lines (dozens per checkpoint); warnings and errors pass."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
-
-
-def quiet_orbax() -> None:
-    logger = logging.getLogger("absl")
-    if not any(isinstance(f, _OrbaxInfoFilter) for f in logger.filters):
-        logger.addFilter(_OrbaxInfoFilter())
-
-
 def _check_writable(directory: str) -> None:
     probe = directory
     while not os.path.exists(probe):
         probe = os.path.dirname(probe) or "."
     if not os.path.isdir(probe):
-        raise CheckpointError(f"checkpoint directory {directory}: {probe} exists and is not a directory")
+        raise CheckpointConfigError(f"checkpoint directory {directory}: {probe} exists and is not a directory")
     read_only_fs = bool(os.statvfs(probe).f_flag & getattr(os, "ST_RDONLY", 1))
     if read_only_fs or not os.access(probe, os.W_OK | os.X_OK):
-        raise CheckpointError(f"checkpoint directory {directory} is not writable ({probe} is read-only); "
-                              "pass a writable --workdir or checkpoint.dir")
+        raise CheckpointConfigError(f"checkpoint directory {directory} is not writable ({probe} is read-only); "
+                                    "pass a writable --workdir or checkpoint.dir")
 
 
 class Checkpointer:
@@ -94,7 +77,7 @@ class Checkpointer:
         quiet_orbax()
         if read_only:
             if not os.path.isdir(self.directory):
-                raise CheckpointError(f"checkpoint directory {self.directory} does not exist")
+                raise CheckpointConfigError(f"checkpoint directory {self.directory} does not exist")
         else:
             _check_writable(self.directory)
             os.makedirs(self.directory, exist_ok=True)
@@ -149,11 +132,12 @@ class Checkpointer:
         self.wait()  # previous save committed (or its error raised) before anything is pruned or written
         self.prune()
         if step in self.committed_steps():
-            raise CheckpointError(f"checkpoint step {step} already exists in {self.directory}; refusing to "
-                                  "overwrite it (use a new checkpoint.dir)")
+            raise CheckpointConfigError(f"checkpoint step {step} already exists in {self.directory}; refusing to "
+                                        "overwrite it (use a new checkpoint.dir)")
         nbytes = tree_nbytes(state)
         self._check_space(nbytes)
-        meta = dict(meta, format_version=FORMAT_VERSION, step=int(step), saved_at=time.time())
+        meta = integrity.seal(dict(meta, format_version=FORMAT_VERSION, step=int(step), saved_at=time.time(),
+                                   arrays=integrity.manifest(state)))
         start = time.perf_counter()
         try:
             self.manager.save(int(step), force=True, args=ocp.args.Composite(
@@ -221,60 +205,83 @@ class Checkpointer:
         return doomed
 
     # ---- restoring -------------------------------------------------------------------------------------
+    def _where(self, step: int) -> str:
+        return f"checkpoint step {step} in {self.directory}"
+
     def read_meta(self, step: int) -> dict:
+        """The step's metadata; CorruptCheckpointError if it is missing, unreadable or fails its checksum."""
         try:
             restored = self.manager.restore(int(step), args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))
             meta = restored[META]
         except Exception as err:  # noqa: BLE001
-            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is unreadable: metadata "
-                                  f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
-        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint step {step} in {self.directory} has no zaya_jax metadata "
-                                  f"(format_version {FORMAT_VERSION} expected)")
+            raise CorruptCheckpointError(f"{self._where(step)} is unreadable: metadata ({first_line(err)})") from err
+        if not isinstance(meta, dict):
+            raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its metadata is not a JSON object")
+        integrity.check_seal(meta, self._where(step))
+        if meta.get("format_version") != FORMAT_VERSION:
+            raise CheckpointConfigError(f"{self._where(step)} has no zaya_jax metadata (format_version "
+                                        f"{FORMAT_VERSION} expected)")
         return meta
 
-    def saved_shapes(self, step: int) -> dict[str, tuple[tuple[int, ...], str]]:
-        """{'params/embed': (shape, dtype), ...} of the saved state, read from metadata only."""
+    def saved_shapes(self, step: int, meta: dict | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{'params/embed': (shape, dtype), ...} of the saved state, from the checksum manifest in `meta` (read
+        if not given) or, for checkpoints written before checksums, from Orbax's metadata."""
+        meta = self.read_meta(step) if meta is None else meta
+        if isinstance(meta.get("arrays"), dict):
+            return {name: (tuple(entry[0]), str(entry[1])) for name, entry in meta["arrays"].items()}
         try:
             tree = self.manager.item_metadata(int(step))[STATE]
             tree = getattr(tree, "tree", tree)
-            flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+            flat = [(p, m) for p, m in jax.tree_util.tree_flatten_with_path(tree)[0] if m is not None]
         except Exception as err:  # noqa: BLE001
-            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is unreadable: state metadata "
-                                  f"({type(err).__name__})") from err
-        return {path_str(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", "")))
-                for p, m in flat if m is not None}
+            raise CorruptCheckpointError(f"{self._where(step)} is unreadable: state metadata "
+                                         f"({first_line(err)})") from err
+        if not flat:
+            raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its state metadata is missing")
+        return {path_str(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", ""))) for p, m in flat}
 
-    def check_target(self, step: int, target: Any, *, partial: bool = False) -> None:
-        """Raise a one-line CheckpointError if `target`'s leaves do not match the saved ones (shape / presence)."""
-        saved = self.saved_shapes(step)
+    def check_target(self, step: int, target: Any, *, partial: bool = False, meta: dict | None = None) -> None:
+        """Raise a one-line CheckpointConfigError if `target`'s leaves do not match the saved ones (shape /
+        presence): the config builds a different model or optimizer than the one saved."""
+        saved = self.saved_shapes(step, meta)
         wanted = {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
         for name, shape in wanted.items():
             if name not in saved:
-                raise CheckpointError(f"checkpoint step {step} in {self.directory} has no {name!r} (the config "
-                                      "builds a different model/optimizer than the one saved)")
+                raise CheckpointConfigError(f"{self._where(step)} has no {name!r} (the config builds a different "
+                                            "model/optimizer than the one saved)")
             if tuple(saved[name][0]) != shape:
-                raise CheckpointError(f"checkpoint step {step} in {self.directory}: {name!r} has shape "
-                                      f"{list(saved[name][0])} but the config gives {list(shape)}; restore with "
-                                      "the config saved in the checkpoint (meta) or start a new checkpoint.dir")
+                raise CheckpointConfigError(f"{self._where(step)}: {name!r} has shape {list(saved[name][0])} but the "
+                                            f"config gives {list(shape)}; restore with the config saved in the "
+                                            "checkpoint (meta) or start a new checkpoint.dir")
         extra = sorted(set(saved) - set(wanted)) if not partial else []
         if extra:
-            raise CheckpointError(f"checkpoint step {step} in {self.directory} has {len(extra)} entries the config "
-                                  f"does not build (e.g. {extra[0]!r}); the model or optimizer differs")
+            raise CheckpointConfigError(f"{self._where(step)} has {len(extra)} entries the config does not build "
+                                        f"(e.g. {extra[0]!r}); the model or optimizer differs")
 
     def restore(self, step: int, target: Any, *, partial: bool = False) -> tuple[Any, dict]:
-        """(state, meta) of `step`, restored into `target` (ShapeDtypeStructs with shardings; dtypes cast)."""
+        """(state, meta) of `step`, restored into `target` (ShapeDtypeStructs with shardings; dtypes cast).
+
+        Arrays are read in their saved dtype, checked against their checksums, then cast. Raises
+        CheckpointConfigError if `target` does not match the saved tree, CorruptCheckpointError if the step
+        cannot be read or fails a checksum.
+        """
         meta = self.read_meta(step)
-        self.check_target(step, target, partial=partial)
+        self.check_target(step, target, partial=partial, meta=meta)
+        saved = meta.get("arrays") if isinstance(meta.get("arrays"), dict) else None
+        read_as = target
+        if saved is not None:
+            read_as = jax.tree_util.tree_map_with_path(
+                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_str(p)][1], sharding=t.sharding), target)
         try:
-            restore_args = ocp.checkpoint_utils.construct_restore_args(target)
+            restore_args = ocp.checkpoint_utils.construct_restore_args(read_as)
             restored = self.manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
-                item=target, restore_args=restore_args, partial_restore=partial)}))
+                item=read_as, restore_args=restore_args, partial_restore=partial)}))[STATE]
         except Exception as err:  # noqa: BLE001
-            first = str(err).splitlines()[0][:300] if str(err) else ""
-            raise CorruptCheckpointError(f"checkpoint step {step} in {self.directory} is unreadable: "
-                                         f"{type(err).__name__}: {first}") from err
-        return restored[STATE], meta
+            raise CorruptCheckpointError(f"{self._where(step)} is unreadable: {first_line(err)}") from err
+        if saved is not None:
+            integrity.verify(restored, saved, self._where(step))
+            restored = jax.tree.map(lambda x, t: x if x.dtype == t.dtype else x.astype(t.dtype), restored, target)
+        return restored, meta
 
     def quarantine(self, step: int) -> str:
         """Move an unreadable committed step out of the checkpoint directory (nothing is deleted)."""

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 from flax import nnx
 
-from zaya_jax.checkpoint.errors import CheckpointError
+from zaya_jax.checkpoint.errors import CheckpointConfigError
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target
 
 
@@ -22,13 +22,13 @@ def resolve_checkpoint(path: str, step: int | None = None) -> tuple[str, int]:
     """(checkpoint directory, step) for `path` (see module docstring); raises a one-line CheckpointError."""
     path = os.path.abspath(os.path.expanduser(path))
     if not os.path.exists(path):
-        raise CheckpointError(f"checkpoint {path} does not exist")
+        raise CheckpointConfigError(f"checkpoint {path} does not exist")
     if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint {path} is not a directory")
+        raise CheckpointConfigError(f"checkpoint {path} is not a directory")
     name, parent = os.path.basename(path.rstrip("/")), os.path.dirname(path.rstrip("/"))
     if name.isdigit() and int(name) in Checkpointer(parent, read_only=True).committed_steps():
         if step is not None and step != int(name):
-            raise CheckpointError(f"{path} is step {name} but step={step} was requested")
+            raise CheckpointConfigError(f"{path} is step {name} but step={step} was requested")
         return parent, int(name)
     for candidate in (path, os.path.join(path, "checkpoints")):
         if not os.path.isdir(candidate):
@@ -39,12 +39,12 @@ def resolve_checkpoint(path: str, step: int | None = None) -> tuple[str, int]:
             if step is None:
                 return candidate, steps[-1]
             if step not in steps:
-                raise CheckpointError(f"{candidate} has no committed step {step}; available: {steps}")
+                raise CheckpointConfigError(f"{candidate} has no committed step {step}; available: {steps}")
             return candidate, step
         if ck.uncommitted():
-            raise CheckpointError(f"{candidate} has no committed checkpoint, only interrupted saves "
+            raise CheckpointConfigError(f"{candidate} has no committed checkpoint, only interrupted saves "
                                   f"{ck.uncommitted()}")
-    raise CheckpointError(f"{path} contains no checkpoint (expected <dir>/<step>/ with state and meta)")
+    raise CheckpointConfigError(f"{path} contains no checkpoint (expected <dir>/<step>/ with state and meta)")
 
 
 def config_from_meta(meta: dict, directory: str = "checkpoint") -> ml_collections.ConfigDict:
@@ -53,7 +53,7 @@ def config_from_meta(meta: dict, directory: str = "checkpoint") -> ml_collection
 
     saved = meta.get("config")
     if not isinstance(saved, dict) or "model" not in saved:
-        raise CheckpointError(f"{directory}: the checkpoint metadata has no saved config")
+        raise CheckpointConfigError(f"{directory}: the checkpoint metadata has no saved config")
     config = default_config()
     with config.unlocked():
         config.update(saved)
@@ -83,7 +83,7 @@ def load_model(path: str, *, step: int | None = None, dtype: str | None = None,
     m = config.model
     for name, value in (overrides or {}).items():
         if name not in m:
-            raise CheckpointError(f"load_model: unknown model config field {name!r} in overrides")
+            raise CheckpointConfigError(f"load_model: unknown model config field {name!r} in overrides")
         m[name] = value
     if dtype is not None:
         m.param_dtype = m.dtype = str(dtype)
@@ -92,7 +92,7 @@ def load_model(path: str, *, step: int | None = None, dtype: str | None = None,
     try:
         validate_model(m)
     except ConfigError as err:
-        raise CheckpointError(f"load_model: {err}") from err
+        raise CheckpointConfigError(f"load_model: {err}") from err
     graphdef, params, biases = split_model(abstract_model(m))
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
     tree = {"params": params, "biases": biases}

@@ -11,13 +11,24 @@ Per step: injected metric faults → loss guard (NaN/Inf, z-score spike; the pre
 checked lazily so the host does not wait for the device, except at save steps and the last step) →
 periodic async save → injected process faults → preemption. A rollback restores the newest
 committed checkpoint and keeps the data iterator where it is, so the batches since that checkpoint
-(including the offending one) are skipped. SIGTERM/SIGINT finish the step, save, and stop the loop.
+(including the offending one) are skipped. SIGTERM/SIGINT finish the step, save, and stop the loop: the
+signal is only noted when it arrives and acted on at one point of `maybe_save` (after the periodic save),
+so `stop_requested` never changes between that point and the loop's check of it.
+
+Restores (at start and on rollback) take the newest committed step that reads back intact: a step with a
+missing, truncated or bit-rotted file (checksums, see `integrity`) is moved to `<dir>.corrupt/`, reported on
+the console and in the event log, and the previous step is tried.
+
+The workdir and the checkpoint directory are locked (`lock.DirLock`) from construction to `finish` /
+`abort`, so a second trainer on the same directories stops with one line instead of deleting this one's
+in-flight saves.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import signal
 import threading
@@ -28,9 +39,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from zaya_jax.checkpoint import defaults, faults as faults_lib
-from zaya_jax.checkpoint.errors import CheckpointError, CorruptCheckpointError
+from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, Heartbeat
 from zaya_jax.checkpoint.guard import LossGuard
+from zaya_jax.checkpoint.lock import DirLock
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
 
 
@@ -51,15 +63,23 @@ class TrainCheckpointer:
         c = config.checkpoint
         self.config, self.workdir, self.every = config, workdir, int(c.every)
         primary = jax.process_index() == 0
-        log_path = os.environ.get(EVENT_LOG_ENV) or os.path.join(workdir, "events.jsonl")
-        self.events = events or EventLog(log_path, "trainer", enabled=primary)
-        # a supervisor per node (launch/rocm) sets $ZAYA_HEARTBEAT_FILE for its own process: beat there too
-        beat = primary or bool(os.environ.get(HEARTBEAT_ENV))
-        self.heartbeat = heartbeat or Heartbeat.for_workdir(workdir, int(config.train.steps), enabled=beat)
-        self.ckpt = Checkpointer(checkpoint_dir(config, workdir), keep=c.keep, keep_every=c.keep_every,
-                                 async_save=c.async_save, events=self.events)
+        self.lock = DirLock({"workdir": workdir, "checkpoint directory": checkpoint_dir(config, workdir)}, "train")
+        stale = self.lock.acquire() if primary else []
+        try:
+            log_path = os.environ.get(EVENT_LOG_ENV) or os.path.join(workdir, "events.jsonl")
+            self.events = events or EventLog(log_path, "trainer", enabled=primary)
+            for rec in stale:
+                self.events.write("lock_takeover", path=rec["path"], previous={k: rec.get(k) for k in ("host", "pid")})
+            # a supervisor per node (launch/rocm) sets $ZAYA_HEARTBEAT_FILE for its own process: beat there too
+            beat = primary or bool(os.environ.get(HEARTBEAT_ENV))
+            self.heartbeat = heartbeat or Heartbeat.for_workdir(workdir, int(config.train.steps), enabled=beat)
+            self.ckpt = Checkpointer(checkpoint_dir(config, workdir), keep=c.keep, keep_every=c.keep_every,
+                                     async_save=c.async_save, events=self.events)
+            self.faults = faults_lib.FaultInjector.from_config(config, workdir, self.events)
+        except BaseException:
+            self.lock.release()
+            raise
         self.guard = LossGuard(nan_guard=c.nan_guard, spike_zscore=c.spike_zscore, window=c.spike_window)
-        self.faults = faults_lib.FaultInjector.from_config(config, workdir, self.events)
         self.max_rollbacks = int(c.max_rollbacks)
         self.resume_step: int | None = None
         self.stop_requested, self.stop_signal = False, None
@@ -80,15 +100,18 @@ class TrainCheckpointer:
         if (self.stop_requested or self._signal_received) and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C stops at once
         self.stop_signal = signal.Signals(signum).name
-        if jax.process_count() == 1:
-            self.stop_requested = True
-        else:
-            self._signal_received = True
+        self._signal_received = True  # acted on in `_agree_on_stop`, never in between
 
     def _agree_on_stop(self, step: int) -> None:
-        """Multi-process: every `checkpoint.preemption_sync_every` steps the processes exchange whether any
-        of them got SIGTERM/SIGINT, so all of them save and stop at the same step (a save is collective)."""
-        if jax.process_count() == 1 or self.stop_requested or step % self._stop_sync_every:
+        """The one place `stop_requested` is set. Multi-process: every `checkpoint.preemption_sync_every` steps
+        the processes exchange whether any of them got SIGTERM/SIGINT, so all of them save and stop at the
+        same step (a save is collective)."""
+        if self.stop_requested:
+            return
+        if jax.process_count() == 1:
+            self.stop_requested = self._signal_received
+            return
+        if step % self._stop_sync_every:
             return
         from jax.experimental import multihost_utils
 
@@ -130,16 +153,10 @@ class TrainCheckpointer:
                           committed=self.ckpt.committed_steps())
         if not self.config.checkpoint.restore:
             return state
-        quarantined = []
-        for step in reversed(self.ckpt.committed_steps()):
-            try:
-                restored, meta = self.ckpt.restore(step, self._target)
-                restored = self._decode(restored)
-            except CorruptCheckpointError as err:
-                dest = self.ckpt.quarantine(step)
-                quarantined.append(dest)
-                self.events.write("checkpoint_corrupt", step=step, error=str(err), moved_to=dest)
-                continue
+        had = self.ckpt.committed_steps()
+        found = self._restore_newest()
+        if found is not None:
+            restored, meta, step = found
             self._restore_data(step, meta, train_iter)
             self._last_saved = step
             self._rollbacks.update({int(k): int(v) for k, v in (meta.get("rollbacks") or {}).items()})
@@ -147,13 +164,29 @@ class TrainCheckpointer:
                               mesh=self._meta(None)["mesh"], data=meta.get("data"))
             self.heartbeat.beat(step, "start")
             return restored
-        if quarantined:
+        if had:
             raise CheckpointError(f"no readable checkpoint left in {self.ckpt.directory} (unreadable steps moved "
-                                  f"to {os.path.dirname(quarantined[0])}); rerun to start from step 0")
+                                  f"to {self.ckpt.directory}.corrupt); rerun to start from step 0")
         self.events.write("fresh_start", step=int(state.step))
         if self.config.checkpoint.save_initial:  # the untrained model, e.g. as an evaluation baseline
             self._save(int(state.step), state, train_iter)
         return state
+
+    def _restore_newest(self) -> tuple[Any, dict, int] | None:
+        """(state, meta, step) of the newest committed step that reads back intact; damaged newer steps are
+        quarantined (moved to `<dir>.corrupt/`, nothing deleted) and reported. None if no step is readable."""
+        for step in reversed(self.ckpt.committed_steps()):
+            try:
+                restored, meta = self.ckpt.restore(step, self._target)
+            except CorruptCheckpointError as err:
+                dest = self.ckpt.quarantine(step)
+                older = [s for s in self.ckpt.committed_steps() if s < step]
+                then = f"falling back to step {older[-1]}" if older else "no older checkpoint"
+                logging.getLogger(__name__).warning("%s; moved it to %s, %s", err, dest, then)
+                self.events.write("checkpoint_corrupt", step=step, error=str(err), moved_to=dest)
+                continue
+            return self._decode(restored), meta, step
+        return None
 
     def _restore_data(self, step: int, meta: dict, train_iter: Any) -> None:
         if train_iter is None or meta.get("data") is None:
@@ -161,21 +194,21 @@ class TrainCheckpointer:
         try:
             train_iter.set_state(meta["data"])
         except ValueError as err:
-            raise CheckpointError(f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}") from err
+            raise CheckpointConfigError(f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}") from err
 
     # ---- per step --------------------------------------------------------------------------------------
     def maybe_save(self, step: int, state: Any, train_iter: Any = None, metrics: dict | None = None) -> Any:
         """Guard, save every `checkpoint.every` steps, inject faults, handle preemption. Returns the state."""
         self.resume_step = None
-        self._agree_on_stop(step)
         state, metrics = self._metric_faults(step, state, metrics)
-        save_now = bool(self.every and step % self.every == 0) or self.stop_requested
+        save_now = bool(self.every and step % self.every == 0)
         bad = self._check(step, metrics, blocking=save_now or step >= int(self.config.train.steps))
         if bad is not None:
             return self._rollback(bad[0], bad[1], step, train_iter)
         if save_now:
             self._save(step, state, train_iter)
         self.faults.process_faults(step)
+        self._agree_on_stop(step)
         if self.stop_requested:
             todo, self._pending = ([self._pending] if self._pending is not None else []), None
             bad = self._run_checks(todo)
@@ -221,16 +254,16 @@ class TrainCheckpointer:
 
     def _rollback(self, bad_step: int, reason: str, step: int, train_iter: Any) -> Any:
         self.ckpt.wait()  # an in-flight save passed the guard: let it commit and count as good
-        target = self.ckpt.latest_step()
-        if target is None:
-            raise CheckpointError(f"step {bad_step}: {reason}, and there is no committed checkpoint in "
-                                  f"{self.ckpt.directory} to roll back to; lower the learning rate or save earlier")
+        found = self._restore_newest()
+        if found is None:
+            raise CheckpointConfigError(f"step {bad_step}: {reason}, and there is no readable checkpoint in "
+                                        f"{self.ckpt.directory} to roll back to; lower the learning rate or save "
+                                        "earlier (checkpoint.every)")
+        restored, _, target = found
         self._rollbacks[target] += 1
         if self._rollbacks[target] > self.max_rollbacks:
-            raise CheckpointError(f"step {bad_step}: {reason}; already rolled back to step {target} "
-                                  f"{self.max_rollbacks} times (checkpoint.max_rollbacks), giving up")
-        restored, _ = self.ckpt.restore(target, self._target)
-        restored = self._decode(restored)
+            raise CheckpointConfigError(f"step {bad_step}: {reason}; already rolled back to step {target} "
+                                        f"{self.max_rollbacks} times (checkpoint.max_rollbacks), giving up")
         self.guard.rewind(target)
         data = train_iter.get_state() if train_iter is not None else None
         self.events.write("rollback", bad_step=bad_step, reason=reason, to_step=target,
@@ -250,7 +283,7 @@ class TrainCheckpointer:
             self.faults.kill_now(fault, step, in_flight=in_flight)
         if fault := self.faults.due("corrupt_checkpoint", step):
             self.ckpt.wait()
-            damaged = faults_lib.corrupt_step_dir(self.ckpt.step_dir(step))
+            damaged = faults_lib.corrupt_step_dir(self.ckpt.step_dir(step), fault.arg or "truncate")
             self.faults.record(fault, step, files=len(damaged))
             raise faults_lib.InjectedFault(f"injected corruption of checkpoint step {step}")
 
@@ -262,6 +295,7 @@ class TrainCheckpointer:
             self.events.write("abort_save_failed", error=str(err))
         finally:
             self._restore_signal_handlers()
+            self.lock.release()
         self.events.write("abort", last_save=self.ckpt.last_save)
 
     def save_now(self, step: int, state: Any, train_iter: Any = None, *, wait: bool = True) -> None:
@@ -277,6 +311,7 @@ class TrainCheckpointer:
             self.ckpt.close()
         finally:
             self._restore_signal_handlers()
+            self.lock.release()
         phase = "preempted" if self.stop_requested else "done"
         self.heartbeat.beat(step, phase)
         self.events.write("finish", step=step, phase=phase, last_save=self.ckpt.last_save)

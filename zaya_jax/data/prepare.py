@@ -12,113 +12,28 @@ shifted by one):
 
 Documents are concatenated (each followed by eos) and cut into rows; a document may continue in
 the next row. Every shard except the last holds exactly `shard_size` rows. A rerun with the same
-configuration skips complete shards; a directory holding anything else is never overwritten.
+configuration skips complete shards; a directory holding anything else is never overwritten. A preparation
+that fails on bad input before completing any shard removes what it wrote, so a rerun with the input fixed
+starts clean. Input files are found and read by `zaya_jax.data.inputs` (which warns about files that are
+mostly not text).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import glob
 import hashlib
 import json
 import os
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
+from zaya_jax.data.inputs import expand_inputs, iter_documents
 from zaya_jax.data.tokenizer import DataError, Tokenizer, load_tokenizer
 
 FORMAT = "zaya_jax.packed.v1"
-TEXT_EXTS = (".txt", ".text", ".md", ".markdown", ".rst", ".py", ".pyi", ".c", ".h", ".cc", ".cpp",
-             ".hpp", ".rs", ".go", ".java", ".js", ".ts", ".html", ".tex", ".toml", ".yaml", ".yml")
-JSONL_EXTS = (".jsonl", ".ndjson")
-PARQUET_EXTS = (".parquet",)
 MANIFEST, CONFIG, LOCK = "manifest.json", "prepare.json", ".prepare.lock"
-
-
-# ----------------------------------------------------------------------------- input discovery
-def _known(path: str) -> bool:
-    return path.lower().endswith(TEXT_EXTS + JSONL_EXTS + PARQUET_EXTS)
-
-
-def _walk(root: str) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        out += [os.path.join(dirpath, f) for f in sorted(filenames) if _known(f) and not f.startswith(".")]
-    return out
-
-
-def expand_inputs(inputs: Sequence[str]) -> list[str]:
-    """Files, directories (recursive, known extensions only) and globs -> sorted unique file list."""
-    files: list[str] = []
-    for spec in inputs:
-        spec = os.path.expanduser(spec)
-        if os.path.isdir(spec):
-            files += _walk(spec)
-        elif os.path.isfile(spec):
-            files.append(spec)
-        else:
-            matched = sorted(glob.glob(spec, recursive=True))
-            if not matched:
-                raise DataError(f"input {spec!r} matches no file or directory; check the path")
-            for m in matched:
-                files += _walk(m) if os.path.isdir(m) else [m]
-    files = list(dict.fromkeys(os.path.abspath(f) for f in files))
-    if not files:
-        raise DataError(f"no input files found in {list(inputs)}; pass .txt/.md/.py/.jsonl/.parquet "
-                        "files, directories or globs")
-    return files
-
-
-def _read_parquet(path: str, text_key: str) -> Iterator[str]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError as e:
-        raise DataError(f"reading {path} needs pyarrow: pip install pyarrow") from e
-    pfile = pq.ParquetFile(path)
-    if text_key not in pfile.schema_arrow.names:
-        raise DataError(f"{path} has no column {text_key!r} (columns: {pfile.schema_arrow.names}); "
-                        "pass --text_key")
-    for batch in pfile.iter_batches(columns=[text_key], batch_size=1024):
-        yield from (t for t in batch.column(0).to_pylist() if t)
-
-
-def _read_jsonl(path: str, text_key: str) -> Iterator[str]:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix or remove the line") from e
-            if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-                raise DataError(f"{path}:{lineno}: no string field {text_key!r}; pass --text_key")
-            yield record[text_key]
-
-
-def _read_file(path: str, text_key: str) -> Iterator[str]:
-    low = path.lower()
-    if low.endswith(PARQUET_EXTS):
-        yield from _read_parquet(path, text_key)
-    elif low.endswith(JSONL_EXTS):
-        yield from _read_jsonl(path, text_key)
-    else:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            yield f.read()
-
-
-def iter_documents(files: Sequence[str], text_key: str = "text") -> Iterator[tuple[str, str]]:
-    """(path, text) for every non-blank document, in file order."""
-    for path in files:
-        try:
-            for text in _read_file(path, text_key):
-                if text.strip():
-                    yield path, text
-        except OSError as e:
-            raise DataError(f"cannot read input {path}: {e.strerror or e}; check the path and permissions") from e
 
 
 # ----------------------------------------------------------------------------- small helpers
@@ -270,7 +185,12 @@ def prepare(inputs: Sequence[str], output_dir: str, *, seq_len: int, tokenizer: 
                   text_key=text_key, eval_fraction=float(eval_fraction),
                   inputs=[[f, s.st_size, s.st_mtime_ns] for f, s in zip(files, stats)])
     fp = _fingerprint(config)
-    os.makedirs(output_dir, exist_ok=True)
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise DataError(f"output {output_dir} exists and is not a directory; choose a directory path")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create output directory {output_dir}: {e.strerror}") from e
     with _locked(output_dir):
         manifest = _check_output_dir(output_dir, config, fp)
         if manifest is not None:
@@ -278,8 +198,15 @@ def prepare(inputs: Sequence[str], output_dir: str, *, seq_len: int, tokenizer: 
         _write_json(os.path.join(output_dir, CONFIG), dict(config_fingerprint=fp, config=config))
         done = _completed(output_dir)
         if not (done and done[-1]["final"]):
-            _pack(iter_documents(files, text_key), output_dir, tok, seq_len + 1, shard_size, done,
-                  sum(s.st_size for s in stats), progress)
+            try:
+                _pack(iter_documents(files, text_key), output_dir, tok, seq_len + 1, shard_size, done,
+                      sum(s.st_size for s in stats), progress)
+            except DataError:
+                if not done:  # everything in the directory is this run's: nothing may block a fixed rerun
+                    for name in os.listdir(output_dir):
+                        if name == CONFIG or name.startswith("shard-"):
+                            os.remove(os.path.join(output_dir, name))
+                raise
             done = _completed(output_dir)
         manifest = _manifest(output_dir, tok, config, fp, done)
         _write_json(os.path.join(output_dir, MANIFEST), manifest)

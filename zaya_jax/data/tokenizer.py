@@ -25,6 +25,10 @@ class DataError(ValueError):
     """Bad data input or preparation state; the message says what is wrong and what to do."""
 
 
+class DataWarning(UserWarning):
+    """Suspicious input that is still usable (e.g. a file that is mostly not text)."""
+
+
 def round_up(n: int, multiple: int = VOCAB_MULTIPLE) -> int:
     """Smallest multiple of `multiple` that is >= n."""
     return -(-int(n) // multiple) * multiple

@@ -35,8 +35,11 @@ _RAW_DTYPES = {"BF16": ml_dtypes.bfloat16}
 def read_hf_config(path: str) -> dict[str, Any]:
     """The parsed `path/config.json` (raises `HFConversionError` naming the file)."""
     file = os.path.join(path, CONFIG_FILE)
+    if not os.path.isdir(path):
+        raise HFConversionError(f"{path} is not a directory; pass a transformers checkpoint directory "
+                                f"({CONFIG_FILE} + *.safetensors)")
     if not os.path.isfile(file):
-        raise HFConversionError(f"{file}: missing {CONFIG_FILE}")
+        raise HFConversionError(f"{path} has no {CONFIG_FILE}: it is not a transformers checkpoint directory")
     try:
         with open(file) as f:
             return json.load(f)

@@ -27,6 +27,7 @@ from flax import nnx
 
 from zaya_jax.data import pipeline
 from zaya_jax.data import prepare as data_prepare
+from zaya_jax.data.inputs import jsonl_records
 from zaya_jax.data.tokenizer import ByteTokenizer, DataError, Tokenizer, load_tokenizer
 from zaya_jax.inference.cache import dropless
 from zaya_jax.model.zaya import Zaya
@@ -158,9 +159,9 @@ def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequ
     ctx = prefix + list(tokenizer.encode(context))
     conts = [list(tokenizer.encode(c)) for c in choices]
     if not ctx:
-        raise ValueError("empty context and prefix: nothing to condition on")
+        raise DataError("empty context and prefix: nothing to condition on")
     if any(not c for c in conts):
-        raise ValueError(f"a choice tokenizes to nothing: {list(choices)!r}")
+        raise DataError(f"a choice tokenizes to nothing: {list(choices)!r}")
     seqs = [ctx + c for c in conts]
     length = _bucket(max(len(s) for s in seqs))
     ids = np.full((len(seqs), length + 1), tokenizer.pad_id, np.int32)
@@ -175,20 +176,16 @@ def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequ
 def load_mc(path: str) -> list[dict]:
     """Multiple-choice items from a JSONL file (one `{"context", "choices", "answer"}` object per line)."""
     items = []
-    with open(os.path.expanduser(path)) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            item = json.loads(line)
-            ok = (isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
-                  and item["choices"] and isinstance(item.get("answer"), int)
-                  and 0 <= item["answer"] < len(item["choices"]))
-            if not ok:
-                raise ValueError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
-                                 f"index into choices}}, got {line.strip()[:200]}")
-            items.append(item)
+    for lineno, item in jsonl_records(os.path.expanduser(path)):
+        ok = (isinstance(item, dict) and isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
+              and item["choices"] and isinstance(item.get("answer"), int)
+              and 0 <= item["answer"] < len(item["choices"]))
+        if not ok:
+            raise DataError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
+                            f"index into choices}}, got {json.dumps(item)[:200]}")
+        items.append(item)
     if not items:
-        raise ValueError(f"{path}: no items")
+        raise DataError(f"{path}: no items")
     return items
 
 

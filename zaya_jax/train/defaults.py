@@ -78,6 +78,10 @@ def validate(config: ml_collections.ConfigDict) -> None:
     from zaya_jax.config import ConfigError
 
     t, o = config.train, config.optimizer
+    for name, low in (("steps", 1), ("seq_len", 1), ("global_batch_size", 1), ("microbatches", 1), ("log_every", 1),
+                      ("eval_every", 0), ("eval_batches", 1)):
+        if not isinstance(t[name], int) or t[name] < low:
+            raise ConfigError(f"train.{name}={t[name]!r} must be an integer >= {low}")
     if o.schedule not in SCHEDULES:
         raise ConfigError(f"optimizer.schedule={o.schedule!r}; choose one of {SCHEDULES}")
     if t.param_sharding not in PARAM_SHARDINGS:

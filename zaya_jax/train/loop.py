@@ -116,7 +116,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
             break
     bar.close()
     summary = {"steps": int(state.step), "final_loss": row.get("loss", math.nan)}
-    if eval_iter is not None:
+    preempted = checkpointer is not None and checkpointer.stop_requested  # saved; the grace period is short
+    if eval_iter is not None and not preempted:
         summary["eval_loss"] = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
                                         t.eval_batches)
         writer.write(int(state.step), {"eval_loss": summary["eval_loss"]})
