@@ -1,4 +1,4 @@
-"""A ~114M-parameter ZAYA1 for CPU benchmarks (the config of the transformers baseline in `peers.md`):
+"""A ~114M-parameter ZAYA1 for CPU benchmarks (the config of the transformers comparison, benchmarks/README.md):
 hidden 512, 8 layers, 4 q / 2 kv heads of 128, 16 experts of width 512, router 128, vocab 8192."""
 
 from zaya_jax.config import default_config

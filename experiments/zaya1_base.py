@@ -1,5 +1,5 @@
-"""ZAYA1-base (8.3B total / 760M active non-embedding parameters), `zaya1-architecture.md` §1, and the
-paper's three training phases (`paper-systems.md` §3) on the 1024 × MI300X cluster.
+"""ZAYA1-base (8.3B total / 760M active non-embedding parameters), docs/architecture.md §1, and the
+paper's three training phases (arXiv 2511.17127) on the 1024 × MI300X cluster.
 
     --config=experiments/zaya1_base.py          the released architecture (4k, θ = 1e6); count_params, tests
     --config=experiments/zaya1_base.py:phase1   web-heavy pretraining, 4k context, batch ramp
@@ -10,7 +10,7 @@ Known from the paper / Zyphra [P][Z]: three phases in this order, the curriculum
 STEM and reasoning data; 4k context in phases 1–2, extended to 32k with context-parallel CCA; 12–14T
 tokens in total; Muon + AdamW; a progressive batch-size ramp; data parallel + ZeRO-1, no EP / TP.
 **Every number below is inferred [I]** (token split, LRs, schedules, ramp values, mixtures, the
-phase-1/2 RoPE θ): the paper does not publish them. Tags follow `paper-systems.md`.
+phase-1/2 RoPE θ): the paper does not publish them. Tags: [P] the paper, [Z] Zyphra's public statements, [I] inferred.
 
 Data: `data.sources` are directories prepared with `launch/prepare_data.py`, one per source, under
 `$ZAYA_DATA_ROOT` (default /data/zaya1); the source split itself is a placeholder for an unknown mixture.
@@ -133,7 +133,7 @@ def phase2(config: ml_collections.ConfigDict) -> None:
 
 def phase3(config: ml_collections.ConfigDict) -> None:
     """Long-context + reasoning mid-training: 4k → 32k with context-parallel CCA [Z][P]; ≈2T tokens [I]
-    (the 14T − 12T reading of `paper-systems.md` §3); RoPE θ raised for the longer context [I]."""
+    (the 14T − 12T reading of arXiv 2511.17127); RoPE θ raised for the longer context [I]."""
     t, o = config.train, config.optimizer
     t.seq_len = 32_768  # [Z][P]
     config.model.max_position_embeddings = 32_768  # [I] architecture spec §1

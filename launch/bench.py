@@ -1,4 +1,4 @@
-"""Microbenchmark entry point (`paper-systems.md` §5–6).
+"""Microbenchmark entry point (docs/benchmarks.md).
 
     python -m launch.bench --suite=collectives --out=/tmp/bench --quick
     python -m launch.bench --suite=gemm --out=/tmp/bench --dtype=bfloat16
@@ -225,7 +225,7 @@ flags.DEFINE_bool("reference", True, "train: also time transformers ZayaForCausa
 flags.DEFINE_integer("separate_runs", 0, "train: instead of interleaving steps in one process, run each side "
                      "alone in a fresh process, alternating, this many rounds (pooled; avoids in-process interference)")
 flags.DEFINE_enum("train_side", None, ["zaya_jax", "transformers"], "train: time only this side")
-flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see peers.md)")
+flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see benchmarks/README.md)")
 flags.DEFINE_integer("tokens", None, "moe: tokens T per block call (default batch x seq of the config)")
 flags.DEFINE_list("dispatches", None, "moe: subset of dense, ragged, capacity, grouped, ep")
 flags.DEFINE_list("capacity_factors", None, "moe: capacity factors for capacity / ep (default 2.0, 1.25)")

@@ -1,4 +1,4 @@
-"""Check a config against the MI300X-aware sizing rules (`paper-systems.md` §8).
+"""Check a config against the MI300X-aware sizing rules (docs/sizing.md).
 
     python -m launch.check_sizing --config=experiments/zaya1_base.py [--hardware=mi300x]
         [--tokens_per_device=16384] [--mesh=data=8,expert=2] [--strict]

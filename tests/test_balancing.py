@@ -1,4 +1,4 @@
-"""PID balancing-bias controller (`zaya1-architecture.md` §13.1)."""
+"""PID balancing-bias controller (docs/architecture.md §13.1)."""
 
 from __future__ import annotations
 

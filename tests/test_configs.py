@@ -1,5 +1,5 @@
 """Experiment configs: the ZAYA1-base architecture and its three training phases load, validate and
-carry the recipe facts the paper states (`paper-systems.md` §3)."""
+carry the recipe facts the paper states (arXiv 2511.17127)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from zaya_jax.train import schedule
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = os.path.join(REPO, "experiments", "zaya1_base.py")
 PHASES = ("phase1", "phase2", "phase3")
-# zaya1-architecture.md §10 ("non-embedding total 8,303,355,728", paper: "8.3B total"): from the spec's own
-# arithmetic, not from our model code.
+# The paper's "8.3B total": 8,303,355,728 non-embedding parameters, added up by hand from the layer shapes
+# (docs/architecture.md §10), not by our model code.
 SPEC_NON_EMBEDDING_PARAMS = 8_303_355_728
 CLUSTER_GPUS = 1024  # 128 nodes × 8 MI300X
 

@@ -5,7 +5,7 @@ Random HF models get every constant-initialised tensor randomised (key temperatu
 biases, norms, conv biases, EDA scales, balancing biases) so that a wrong mapping cannot hide behind a
 constant, and router weights large enough that routing varies across experts and reaches the skip slot.
 Token ids are ≥ 1 in gradient tests: torch's `nn.Embedding(padding_idx=0)` blocks the gradient of row 0.
-Spec: `zaya1-architecture.md` §7, §10, §11, §14.
+Spec: docs/architecture.md §7, §10, §11, §14.
 """
 
 from __future__ import annotations

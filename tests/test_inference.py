@@ -4,7 +4,7 @@ The HF model gets every constant-initialised tensor randomised (key temperatures
 biases, EDA scales) and router weights / balancing biases that make routing vary and reach the skip slot,
 then goes through `save_pretrained` → `zaya_jax.hf.load_pretrained` (fp32). References: the model's own
 full forward (decode parity), `transformers` greedy `generate` (generation parity), NumPy (bits per byte,
-multiple-choice scores, top-k / top-p filters). Spec: `zaya1-architecture.md` §5, §7, §8.
+multiple-choice scores, top-k / top-p filters). Spec: docs/architecture.md §5, §7, §8.
 
 Shapes are shared between tests so each jitted function compiles once: full forwards [1, 16]; decode steps
 with a [B=1, T_max=16] cache; `generate` on [3, 7] prompts; evaluation batches [3, 16].

@@ -1,5 +1,5 @@
 """Block-level tests of the JAX ZAYA1 model against independent NumPy (float64) re-implementations of
-`zaya1-architecture.md` §2–§7 written here, not calling the code under test: CCA (convs, mean path, value
+docs/architecture.md §2–§7 written here, not calling the code under test: CCA (convs, mean path, value
 shift, L2 norm + temperature + partial RoPE, attention), the router (EDA, balancing biases), the MoE skip
 slot, the three expert dispatches, capacity drops, and the layer scan.
 """

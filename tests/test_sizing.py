@@ -1,4 +1,4 @@
-"""MI300X sizing rules (`paper-systems.md` §8) and the check_sizing CLI."""
+"""MI300X sizing rules (docs/sizing.md) and the check_sizing CLI."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def test_expert_intensity_rule():
     mi300x = sizing.get_hardware("MI300X")
     assert mi300x.ridge == pytest.approx(246.7, abs=0.5)
     te = sizing.min_tokens_for_ridge(2048, 4096, mi300x.ridge)
-    assert 295 < te < 310  # paper-systems.md §8 rule 5: "near T_e ~ 300"
+    assert 295 < te < 310  # docs/sizing.md rule 5: "near T_e ~ 300"
     assert sizing.expert_intensity(te, 2048, 4096) == pytest.approx(mi300x.ridge)
     m = model_config()
     assert sizing.check_model(m, tokens_per_device=8192) == []

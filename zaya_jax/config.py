@@ -25,7 +25,7 @@ class ConfigError(ValueError):
 
 
 def model_config() -> ml_collections.ConfigDict:
-    """ZAYA1 model fields (defaults = the released ZAYA1-base, `zaya1-architecture.md` §1)."""
+    """ZAYA1 model fields (defaults = the released ZAYA1-base, docs/architecture.md §1)."""
     return ml_collections.ConfigDict(
         dict(
             vocab_size=262_272,

@@ -1,4 +1,4 @@
-"""Hardware descriptions and the paper's MI300X-aware sizing rules (`paper-systems.md` §7–8).
+"""Hardware descriptions and the paper's MI300X-aware sizing rules (arXiv 2511.17127; docs/sizing.md).
 
 Rules (the paper's exact thresholds are unknown; these are the [I] rules of §8):
   1. GEMM dims (hidden, head, intermediate, router, derived q/k/v widths) are multiples of 64,
@@ -58,7 +58,7 @@ HARDWARE: dict[str, Hardware] = {
     h.name.lower(): h
     for h in (
         Hardware("MI300X", "AMD", 1307.4e12, 5.3e12, 192e9,
-                 notes="CDNA3, 304 CUs, 256 MB Infinity Cache, 7 xGMI links (paper-systems.md §7)"),
+                 notes="CDNA3, 304 CUs, 256 MB Infinity Cache, 7 xGMI links (AMD's public specifications)"),
         Hardware("MI325X", "AMD", 1307.4e12, 6.0e12, 256e9, notes="CDNA3, HBM3E"),
         Hardware("MI355X", "AMD", 2516.6e12, 8.0e12, 288e9, notes="CDNA4, HBM3E, 1.4 kW"),
         Hardware("H100", "NVIDIA", 989.4e12, 3.35e12, 80e9, notes="SXM5, HBM3"),
@@ -124,7 +124,7 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
     if mesh is None and full is not None and "mesh" in full:
         mesh = {k: int(v) for k, v in full.mesh.items() if isinstance(v, int) and int(v) > 1}
     out: list[tuple[str, str, int | None]] = []
-    ref = "paper-systems.md §8"
+    ref = "docs/sizing.md"
 
     def dim_rule(field: str, rule_no: str, *, up: bool = False) -> None:
         v = int(m[field])

@@ -1,4 +1,4 @@
-"""Collective microbenchmarks through `jax.shard_map` (`paper-systems.md` §5).
+"""Collective microbenchmarks through `jax.shard_map` (docs/benchmarks.md).
 
 Each collective runs on a 1-D sub-mesh (axis `'x'`) of the first n global devices
 (`jax.devices()[:n]`, so multi-process runs work). Per rank the input is a 1-D buffer; the
@@ -137,7 +137,7 @@ def get_collective(name: str) -> Collective:
 
 
 def busbw_factor(name: str, n: int) -> float:
-    """Bus-bandwidth factor of `name` at n ranks (table in `paper-systems.md` §5)."""
+    """Bus-bandwidth factor of `name` at n ranks (table in docs/benchmarks.md)."""
     return get_collective(name).factor(n)
 
 

@@ -1,6 +1,6 @@
 """Shared microbenchmark plumbing: timing, machine description, CSV/JSON output, plots.
 
-Methodology (`paper-systems.md` §5–6): run a compiled function `warmup` times (excluded:
+Methodology (docs/benchmarks.md): run a compiled function `warmup` times (excluded:
 compilation, caches, allocator warm-up), then `trials` timed calls, each ending in
 `jax.block_until_ready`; report the median and the minimum wall time. Only process 0 of a
 multi-process run writes files (`is_writer`).

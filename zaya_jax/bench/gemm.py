@@ -1,4 +1,4 @@
-"""GEMM microbenchmarks: achieved FLOP/s = 2MNK / t (`paper-systems.md` §6).
+"""GEMM microbenchmarks: achieved FLOP/s = 2MNK / t (docs/benchmarks.md).
 
 Sweeps (each row is `[M,K] x [K,N]` in one dtype, output in the same dtype, fp32 accumulation
 by the backend):
@@ -9,7 +9,7 @@ by the backend):
   * grouped  expert GEMM `[T,H] x [E,H,I]`: `jax.lax.ragged_dot` vs a padded batched einsum
              `[E,C,H] x [E,H,I]` with C = T/E (balanced routing). Both report useful FLOP/s
              2·T·H·I / t. On XLA:CPU ragged_dot is a masked dense dot doing E x the work
-             (`jax-stack-notes.md` §6).
+             (on CPU, XLA lowers `ragged_dot` to a dense masked dot).
 `measure_gemm_peak` is the ceiling used for MFU reporting.
 """
 

@@ -1,9 +1,9 @@
 """MaxText (the JAX MoE reference stack) as an optional peer row for the train suite.
 
 MaxText is never a project dependency: it needs Python ≥ 3.12 and its own venv
-(`python3.12 -m venv mt && mt/bin/pip install "maxtext[tpu]==0.2.5"`, `peers.md`). Given that venv's
+(`python3.12 -m venv mt && mt/bin/pip install "maxtext[tpu]==0.2.5"`, benchmarks/README.md). Given that venv's
 python, `row()` runs its trainer on synthetic data with a Mixtral-style MoE decoder (MaxText has no
-ZAYA1/CCA block) sized like peers.md's measurement and reports its median step time over the steps after
+ZAYA1/CCA block) sized like the transformers comparison and reports its median step time over the steps after
 the first three. Without a python, or when the run fails, the row says why instead of a number.
 """
 
@@ -80,7 +80,7 @@ def row(python: str | None, timeout_s: int = 900) -> dict[str, Any]:
     base = dict(impl="maxtext", optimizer="adamw", dispatch="sparse_matmul (ragged)", dtype=SETTINGS["dtype"])
     if not python:
         return dict(base, notes="not run: MaxText needs Python >= 3.12 and its own venv; pass "
-                                "--maxtext_python=<venv>/bin/python (install: peers.md)")
+                                "--maxtext_python=<venv>/bin/python (install: benchmarks/README.md)")
     try:
         pkg = _package_dir(python)
         with tempfile.TemporaryDirectory() as tmp:

@@ -1,4 +1,4 @@
-"""Memory-bandwidth microbenchmarks: STREAM-style copy / scale / triad (`paper-systems.md` §6).
+"""Memory-bandwidth microbenchmarks: STREAM-style copy / scale / triad (docs/benchmarks.md).
 
 For arrays of N elements (array size = N·itemsize bytes, swept over powers of two):
 

@@ -3,7 +3,7 @@
 HF-native field names (transformers 5.24 `ZayaConfig`) differ from the project's: `num_hidden_layers` →
 `num_layers`, `num_attention_heads` → `num_q_heads`, `num_key_value_heads` → `num_kv_heads`, and the rotary
 settings live in `rope_parameters` (per layer type, `{"hybrid": {rope_theta, partial_rotary_factor,
-rope_type}}`, or flat). Spec: `zaya1-architecture.md` §1, §11, §12.
+rope_type}}`, or flat). Spec: docs/architecture.md §1, §11, §12.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Weights go through `safetensors` with the NumPy framework; BF16 tensors (which NumPy's safetensors
 binding cannot materialise) are read from the file's documented header + raw little-endian bytes as
-`ml_dtypes.bfloat16`. Spec: `zaya1-architecture.md` §11.
+`ml_dtypes.bfloat16`. Spec: docs/architecture.md §11.
 """
 
 from __future__ import annotations

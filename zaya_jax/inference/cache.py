@@ -5,7 +5,7 @@ returns their logits plus the updated cache; prefill is `extend` on an empty cac
 `extend` with S = 1. Layers are scanned exactly as in `Zaya.hidden_states`, with the per-layer cache
 slices as extra scan inputs.
 
-Per-layer state, stacked over a leading [L] axis (spec `zaya1-architecture.md` §5):
+Per-layer state, stacked over a leading [L] axis (spec docs/architecture.md §5):
   k       [L, B, T_max, n_kv, d] fp32   post-norm, post-temperature, post-RoPE keys (§5f–g)
   v       [L, B, T_max, n_kv, d] dtype  values after the value shift (§5e)
   conv    [L, B, halo, C]         dtype  raw packed q‖k of the last halo = (k0−1)+(k1−1) tokens (§5c)

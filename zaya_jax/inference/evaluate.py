@@ -9,7 +9,7 @@
   score, length-normalised accuracy the argmax of score / UTF-8 bytes of the choice.
 
 The model runs with a dropless MoE dispatch (`cache.dropless`), so scores do not depend on batch
-composition or padding. Spec: `zaya1-architecture.md` §2, §8 (fp32 logits).
+composition or padding. Spec: docs/architecture.md §2, §8 (fp32 logits).
 """
 
 from __future__ import annotations

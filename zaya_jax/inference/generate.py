@@ -6,7 +6,7 @@ top-k / top-p sampling with seeded `jax.random`, batches of left-padded prompts.
 
 Step API (tests, custom loops): `prefill(model, ids, max_len)` → (logits [B, S, V], cache) and
 `decode_step(model, cache, tokens [B])` → (logits [B, V], cache). The cache layout is described in
-`zaya_jax.inference.cache`. Spec: `zaya1-architecture.md` §2, §5.
+`zaya_jax.inference.cache`. Spec: docs/architecture.md §2, §5.
 """
 
 from __future__ import annotations

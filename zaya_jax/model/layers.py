@@ -1,6 +1,6 @@
 """Small shared pieces: dtypes, initialisers, RMSNorm (§4), partial RoPE (§5g) and residual scaling (§3).
 
-Section numbers refer to `shared/spec/zaya1-architecture.md`.
+Section numbers (§) refer to docs/architecture.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Context parallelism (CP) for CCA: the sequence is split over the `context` mesh axis (paper-systems.md §2).
+"""Context parallelism (CP) for CCA: the sequence is split over the `context` mesh axis (arXiv 2511.17127 §2; docs/parallelism.md).
 
 Shapes: B batch, S sequence, n = size of the `context` axis, S_l = S / n local tokens, H hidden,
 C = (n_q + n_kv)·d packed conv channels, halo = `conv_halo_len` (2 for ZAYA1).

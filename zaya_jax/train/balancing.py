@@ -1,4 +1,4 @@
-"""PID controller for the router balancing biases β (`zaya1-architecture.md` §6, §13.1).
+"""PID controller for the router balancing biases β (docs/architecture.md §6, §13.1).
 
 DESIGN PROPOSAL, not ZAYA1's (unpublished) rule. Per MoE layer, outside autodiff, after each
 optimizer step, from the global choice counts c [L, E+1] (slot E = skip, counted before any

@@ -1,4 +1,4 @@
-"""Hybrid Muon + AdamW optimizer for ZAYA1 (`paper-systems.md` §3, `jax-stack-notes.md` §8).
+"""Hybrid Muon + AdamW optimizer for ZAYA1 (arXiv 2511.17127 trains with Muon and AdamW).
 
 `make_optimizer(config, params)` = global-norm clipping (`optimizer.grad_clip_norm`, 0 = off) →
 `optax.partition` into

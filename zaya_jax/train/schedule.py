@@ -1,4 +1,4 @@
-"""Learning-rate schedules and the global batch-size ramp (`paper-systems.md` §3).
+"""Learning-rate schedules and the global batch-size ramp (arXiv 2511.17127).
 
 LR schedules are `optax.Schedule`s (step → LR) indexed by optimizer step, built from
 `config.optimizer` and `config.train.steps`:
@@ -15,7 +15,7 @@ The warmup starts at LR 0 (step 0 makes no update), as `optax.linear_schedule(0,
 
 Batch ramp: `train.batch_ramp` is a tuple of `(start_step, global_batch_size)` stages with
 increasing start steps; before the first stage the batch is `train.global_batch_size`. The paper
-ramps the batch during pretraining (values unknown, `paper-systems.md` §3); every stage's batch
+ramps the batch during pretraining (values unknown, arXiv 2511.17127); every stage's batch
 must be divisible by data-parallel size × microbatches (`validate_batch_ramp`).
 """
 
