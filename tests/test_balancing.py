@@ -56,7 +56,7 @@ def test_sign_rule_equals_deepseek_update(skip_controlled, target_skip):
 
 def test_adaptive_pi_against_reference():
     """The default law (relative error, per-slot adaptive gain, clipped + recentred integral, logit units)."""
-    kp, ki, ki_max, up, down, clip, t_skip = 0.004, 0.002, 0.02, 1.5, 0.5, 0.05, 0.1
+    kp, ki, ki_max, up, down, clip, t_skip = 0.004, 0.002, 0.02, 1.5, 0.5, 0.05, 0.117  # t·N never integral
     cfg = make_cfg(kp=kp, ki=ki, ki_max=ki_max, gain_up=up, gain_down=down, integral_clip=clip,
                    target_skip=t_skip, skip_controlled=True)
     rng = np.random.default_rng(1)
@@ -73,7 +73,9 @@ def test_adaptive_pi_against_reference():
         r = (t - c / c.sum(-1, keepdims=True)) / t
         gain = np.clip(gain * np.where(r * prev_sign > 0, up, np.where(r * prev_sign < 0, down, 1.0)), 1, g_max)
         prev_sign = np.where(r < 0, -1.0, 1.0)
-        s_int = np.clip(s_int + gain * r, -clip / (u * ki), clip / (u * ki))
+        s_max = np.full((2, C), clip / (u * ki))
+        s_max[:, -1] += np.abs(bias0[:, -1]) / (u * ki)  # the skip slot may also undo its start offset
+        s_int = np.clip(s_int + gain * r, -s_max, s_max)
         s_int[:, :E] -= s_int[:, :E].mean(-1, keepdims=True)
         delta = u * (kp * gain * r + ki * s_int)
         delta[:, :E] -= delta[:, :E].mean(-1, keepdims=True)
@@ -105,7 +107,8 @@ def test_metrics_and_dropped_fraction():
 
 
 @pytest.mark.parametrize("field, value", [("gain_units", "logits"), ("error_shape", "cube"),
-                                          ("integral_clip", -1.0), ("target_skip", 1.0)])
+                                          ("integral_clip", -1.0), ("target_skip", 1.0), ("ki_max", 1e-3),
+                                          ("gain_down", 0.0), ("kp", -1.0)])
 def test_bad_config_is_one_clear_error(field, value):
     with pytest.raises(ConfigError, match=f"balancing.{field}"):
         bal.validate(make_cfg(**{field: value}))

@@ -11,27 +11,30 @@ Per MoE layer, outside autodiff, after each optimizer step, from the global choi
     t_e = (1 − t_skip) / E  (e < E),   t_E = t_skip
     ε   = t − f                        positive = under-loaded → raise β_e
     ε̃   = φ(ε) [/ t]                   φ ∈ {identity, sign, tanh(·/τ)}; optional division by t
-    g   ← clip(g⁻·{up | down | 1}, 1, K_i,max / K_i)   per slot: error sign kept | flipped | zero (Rprop-style)
-    S   ← clip(S + g·ε̃, ±S_max)        anti-windup: S_max = integral_clip / (u·K_i), + |β⁰_E| for skip
+    g   ← clip(g⁻·m, 1, K_i,max/K_i)   per slot; m = gain_up if ε̃ kept its sign, gain_down if it flipped, else 1
+    S   ← clip(S + g·ε̃, ±S_max)        anti-windup: S_max = integral_clip / (u·K_i) (+ |β⁰_E|/(u·K_i) for skip)
     S_e ← S_e − mean_{e<E} S_e         (recenter) real experts only
-    δ   = u·(K_p·ε̃ + K_i·S + K_d·(ε̃ − ε̃⁻))
+    δ   = u·(K_p·g·ε̃ + K_i·S)
     δ_e ← δ_e − mean_{e<E} δ_e         (recenter) so the mean expert bias stays at its start value
     β   = β⁰ + δ
 
-u is the gain unit: `gain_units="logit"` sets u = 1/(E+1), the mean router probability. A bias δ on the
-probabilities of a router near its mean shifts the choice like a logit offset of about δ/u, so gains and
-the clip given "per logit" carry over between expert counts; "probability" sets u = 1 (raw β units).
+The per-slot gain g adapts like Rprop's step size: the loads' response to a bias move varies by orders of
+magnitude between a near-uniform router (fresh init; near-tied experts) and a sharp one, so a slot whose
+error keeps its sign speeds up and one whose error flips (the last move overshot) slows down.
+u is the gain unit: `gain_units="logit"` sets u = 1/(E+1), the mean router probability (a bias δ on the
+probabilities of a router near its mean shifts the choice like a logit offset of about δ/u, so gains
+carry over between expert counts); "probability" sets u = 1 (raw β units). `integral_clip` is in β units.
 
-Default (train/defaults.py): PI on the relative error (identity, divided by t), recentring, a clipped
-integral, the skip slot controlled toward t_skip when t_skip > 0 (else it keeps β⁰_E, −1 at init: with
-the mean expert bias held at 0 the skip slot can never win). DeepSeek-V3's auxiliary-loss-free rule
-β ← β + γ·sign(t − f) is the special case φ = sign, K_p = K_d = 0, K_i = γ, u = 1, no clip, no
-recentring (`sign_rule`).
+Default (train/defaults.py): PI on the relative error (identity, divided by t) with adaptive gains,
+recentring, a clipped integral, the skip slot controlled toward t_skip when t_skip > 0 (else it keeps
+β⁰_E, −1 at init: with the mean expert bias held at 0 the skip slot can never win). DeepSeek-V3's
+auxiliary-loss-free rule β ← β + γ·sign(t − f) is the special case φ = sign, K_p = 0, K_i = K_i,max = γ,
+u = 1, no clip, no recentring, skip frozen (`sign_rule`).
 
-Choices: with `normalize_by_target` a zero target (t_skip = 0) is replaced by the expert target; the first
-step's derivative term uses ε̃⁻ = 0; a layer with N = 0 contributes zero error. All replicas compute the
-same update from the same global counts, so β stays replicated. `cfg` (a `config.balancing` ConfigDict)
-is read as Python values at trace time: close over it when jitting.
+Choices: with `normalize_by_target` a zero target (t_skip = 0) is replaced by the expert target; a layer
+with N = 0 contributes zero error. All replicas compute the same update from the same global counts, so β
+stays replicated. `cfg` (a `config.balancing` ConfigDict) is read as Python values at trace time: close
+over it when jitting.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class BalancingState(NamedTuple):
 
     base: jax.Array  # β⁰: the biases at controller start (the skip slot stays here when not controlled)
     integral: jax.Array  # S
-    prev_error: jax.Array  # ε̃⁻, the previous shaped error
+    prev_error: jax.Array  # sign(ε̃⁻)·g: the previous error's sign times the slot's current gain (0 at start)
 
 
 def init_balancing(bias0: jax.Array) -> BalancingState:
@@ -82,6 +85,16 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"balancing.target_skip={cfg.target_skip} must be in [0, 1)")
     if cfg.integral_clip < 0:
         raise ConfigError(f"balancing.integral_clip={cfg.integral_clip} must be >= 0 (0 = no clip)")
+    if cfg.kp < 0 or cfg.ki < 0:
+        raise ConfigError(f"balancing.kp={cfg.kp} and balancing.ki={cfg.ki} must be >= 0")
+    if cfg.ki_max < cfg.ki:
+        raise ConfigError(f"balancing.ki_max={cfg.ki_max} must be >= balancing.ki={cfg.ki} "
+                          "(set them equal for a fixed gain)")
+    if cfg.gain_up < 1 or not 0 < cfg.gain_down <= 1:
+        raise ConfigError(f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down="
+                          f"{cfg.gain_down} in (0, 1]")
+    if cfg.get("warn_patience", 0) < 0:
+        raise ConfigError(f"balancing.warn_patience={cfg.warn_patience} must be >= 0 (0 = no warnings)")
 
 
 def targets(num_classes: int, target_skip: float) -> jax.Array:
@@ -160,7 +173,7 @@ def gain_factor(state: BalancingState, shaped: jax.Array, cfg: ml_collections.Co
     g_prev = jnp.where(state.prev_error == 0, 1.0, jnp.abs(state.prev_error))
     agree = shaped * state.prev_error
     factor = jnp.where(agree > 0, cfg.gain_up, jnp.where(agree < 0, cfg.gain_down, 1.0))
-    return jnp.clip(g_prev * factor, 1.0, max(cfg.ki_max / cfg.ki, 1.0) if cfg.ki > 0 else 1.0)
+    return jnp.clip(g_prev * factor, 1.0, cfg.ki_max / cfg.ki if cfg.ki > 0 else 1.0)
 
 
 def update_biases(state: BalancingState, counts: jax.Array, cfg: ml_collections.ConfigDict
