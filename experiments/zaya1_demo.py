@@ -23,7 +23,7 @@ def get_config(arg=None):
     m.rope_theta = 10_000.0
     m.dispatch = "ep"
     # 2 sequences (512 tokens) per device: even with perfectly balanced global loads, per-device content
-    # variation overflows a 2x capacity by 1-2% (benchmarks/balancing/README.md); 3x keeps drops well under 1%
+    # variation overflows a 2x capacity by up to 1.6% (benchmarks/balancing/README.md); 3x keeps it under 0.1%
     m.capacity_factor = 3.0
     config.mesh.data = 2
     config.mesh.expert = 4
