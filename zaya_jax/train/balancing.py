@@ -77,7 +77,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the `balancing.*` field that is out of range."""
     if cfg.error_shape not in ERROR_SHAPES:
         raise ConfigError(f"balancing.error_shape={cfg.error_shape!r}; choose one of {ERROR_SHAPES}")
-    if cfg.get("gain_units", "probability") not in GAIN_UNITS:
+    if cfg.gain_units not in GAIN_UNITS:
         raise ConfigError(f"balancing.gain_units={cfg.gain_units!r}; choose one of {GAIN_UNITS}")
     if cfg.error_shape == "tanh" and cfg.tanh_tau <= 0:
         raise ConfigError(f"balancing.tanh_tau={cfg.tanh_tau} must be > 0 with error_shape='tanh'")
@@ -93,7 +93,7 @@ def validate(cfg: ml_collections.ConfigDict) -> None:
     if cfg.gain_up < 1 or not 0 < cfg.gain_down <= 1:
         raise ConfigError(f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down="
                           f"{cfg.gain_down} in (0, 1]")
-    if cfg.get("warn_patience", 0) < 0:
+    if cfg.warn_patience < 0:
         raise ConfigError(f"balancing.warn_patience={cfg.warn_patience} must be >= 0 (0 = no warnings)")
 
 
@@ -127,7 +127,7 @@ def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) ->
 
 def gain_unit(cfg: ml_collections.ConfigDict, num_classes: int) -> float:
     """u: 1/(E+1) for `gain_units="logit"` (the mean router probability), 1 for "probability"."""
-    return 1.0 / num_classes if cfg.get("gain_units", "probability") == "logit" else 1.0
+    return 1.0 / num_classes if cfg.gain_units == "logit" else 1.0
 
 
 def skip_controlled(cfg: ml_collections.ConfigDict) -> bool:
