@@ -13,7 +13,7 @@ collective wire / ZeRO-1 minimum, projected MFU (compute + memory-bound + collec
 cluster model of `zaya_jax.cluster`, whose assumptions are printed and set by the --gpus_per_node,
 --nic_gbps, --nic_efficiency, --xgmi_link_gbps, --alpha_xgmi_us, --alpha_nic_us, --hbm_efficiency flags).
 
-Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout (`zaya_jax.parallel.context`).
+Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout (`zaya_jax.model.cca_context`).
 
 `--remat=auto` tries none → dots → full and reports the first policy whose peak fits
 `--usable_memory_fraction` of the device memory. `--compile_scaling` compiles the train step of the config at

@@ -12,7 +12,7 @@
 `--step`). On a CPU-only host the emulated device count defaults to the product of `--mesh` (else 8;
 `--cpu_devices=N` overrides). Nothing existing is overwritten: `--dst` / `--to_hf` must be new or empty, and
 `--dst` is locked while it is written. A target mesh the run could not train on (e.g. a global batch that
-does not split over it) is refused before anything is read (`zaya_jax.parallel.mesh.check_layout`).
+does not split over it) is refused before anything is read (`zaya_jax.train.schedule.check_layout`).
 """
 
 from launch.cpu_devices import emulate_from_argv, peek_cpu_devices
@@ -105,7 +105,8 @@ def _target_mesh(config):
     """The mesh for `config.mesh` on this process's devices, after checking that the run can use it."""
     import jax
 
-    from zaya_jax.parallel.mesh import check_layout, make_mesh, resolve_mesh_shape
+    from zaya_jax.parallel.mesh import make_mesh, resolve_mesh_shape
+    from zaya_jax.train.schedule import check_layout
 
     check_layout(config, resolve_mesh_shape(config.mesh, jax.device_count()))
     return make_mesh(config)

@@ -7,7 +7,7 @@ Any config field can be overridden with `--config.<field>=<value>`. Multi-proces
 or nothing under SLURM (jax reads the SLURM environment). On a CPU-only host, `--cpu_devices=N`
 (default 8) emulates N devices so meshes such as 2 data × 4 expert run anywhere.
 
-Before any work the layout is checked (`zaya_jax.parallel.mesh.check_layout`) and the workdir is locked.
+Before any work the layout is checked (`zaya_jax.train.schedule.check_layout`) and the workdir is locked.
 Errors are one line (`--verbose` for the traceback); exit status 78 means bad input (see `launch/cli.py`).
 """
 
@@ -105,7 +105,8 @@ def main(argv):
     import jax
 
     from zaya_jax.checkpoint import make_checkpointer
-    from zaya_jax.parallel.mesh import check_layout, resolve_mesh_shape
+    from zaya_jax.parallel.mesh import resolve_mesh_shape
+    from zaya_jax.train.schedule import check_layout
     from zaya_jax.train.loop import train
 
     check_layout(config, resolve_mesh_shape(config.mesh, jax.device_count()), process_count=jax.process_count())

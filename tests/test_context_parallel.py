@@ -1,4 +1,4 @@
-"""Context-parallel CCA (`zaya_jax.parallel.context`): equality with an independent single-device computation
+"""Context-parallel CCA (`zaya_jax.model.cca_context`): equality with an independent single-device computation
 (one CCA layer with random biases; the full model's loss and gradients at sequence 1024), both layouts,
 the compiled collectives, and config errors."""
 
@@ -17,7 +17,8 @@ from jax.sharding import AxisType, NamedSharding
 from tests.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax.config import ConfigError, validate
 from zaya_jax.model.cca import CCA
-from zaya_jax.parallel import context, sharding
+from zaya_jax.model import cca_context as context
+from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, make_mesh
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state

@@ -26,7 +26,7 @@ import pytest
 from launch.cli import EXIT_BAD_INPUT
 from tests.checkpoint_helpers import REPO, env_for, random_state, tiny_mesh_config
 from tests.reliability_cases import BAD_INPUTS, damaged_file_sweep, error_problem, make_context, run_bad_input
-from zaya_jax.checkpoint import CheckpointConfigError, Checkpointer, WorkdirLockedError, make_checkpointer
+from zaya_jax.checkpoint import CheckpointConfigError, WorkdirLockedError, make_checkpointer
 from zaya_jax.checkpoint.events import read_events
 from zaya_jax.checkpoint.lock import LOCK_NAME, DirLock
 from zaya_jax.config import ConfigError
@@ -193,7 +193,7 @@ def test_supervisor_does_not_restart_bad_input(tmp_path):
 # -------------------------------------------------------------------------------------------- layout
 def test_check_layout_and_the_elastic_shrink(monkeypatch):
     from zaya_jax.checkpoint import elastic
-    from zaya_jax.parallel.mesh import check_layout
+    from zaya_jax.train.schedule import check_layout
 
     config = tiny_mesh_config(dict(data=-1, expert=1, context=1))
     check_layout(config, dict(data=8, expert=1, context=1))

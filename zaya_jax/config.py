@@ -68,7 +68,7 @@ CONTEXT_LAYOUTS = ("contiguous", "zigzag")
 def mesh_config() -> ml_collections.ConfigDict:
     """Device mesh sizes; -1 fills the remaining devices (at most one axis).
 
-    context_layout: how the sequence is split over `context` (`zaya_jax.parallel.context`): "contiguous"
+    context_layout: how the sequence is split over `context` (`zaya_jax.model.cca_context`): "contiguous"
     (device i holds chunk i) or "zigzag" (2·context chunks, device i holds i and 2·context−1−i: causal
     attention work balanced, half the attention FLOPs).
     """

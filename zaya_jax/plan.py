@@ -46,7 +46,8 @@ from zaya_jax.config import validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
-from zaya_jax.parallel.mesh import AXES, BATCH_AXES, check_layout, make_mesh, resolve_mesh_shape
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, resolve_mesh_shape
+from zaya_jax.train.schedule import check_layout
 from zaya_jax.train.setup import prepare_abstract
 from zaya_jax.train.step import BATCH_KEYS
 
@@ -161,7 +162,7 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     cf = effective_capacity_factor(config, num_devices)
     attn_square = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full S×S square
     # share of the square XLA computes: all of it (masked), or in the zigzag context layout the 2n+1 causally
-    # needed of the 4n² (S/2n)² blocks per device (`zaya_jax.parallel.context`)
+    # needed of the 4n² (S/2n)² blocks per device (`zaya_jax.model.cca_context`)
     n_ctx = int(config.mesh.context) if "mesh" in config else 1
     zigzag = n_ctx > 1 and config.mesh.get("context_layout", "contiguous") == "zigzag"
     square = (2 * n_ctx + 1) / (4 * n_ctx) if zigzag else 1.0

@@ -10,7 +10,7 @@ and record each MoE layer's router probabilities. Then, per layer and batch, com
 
 For each: the global load CV, and the fraction of expert tokens that overflow a capacity of
 ceil(cf · T_device / E) per (device, expert) when the batch is split into `--devices` contiguous row blocks
-(the expert-parallel layout, `zaya_jax.parallel.expert_parallel`), for several capacity factors.
+(the expert-parallel layout, `zaya_jax.model.expert_parallel`), for several capacity factors.
 
     python benchmarks/balancing/capacity_probe.py --checkpoint=runs/demo/checkpoints --step=200 \
         --devices=8 --batches=4 --out=benchmarks/balancing/demo_capacity.json

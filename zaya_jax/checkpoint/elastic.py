@@ -55,14 +55,14 @@ def _divisors(n: int) -> list[int]:
 def shrink_mesh(config, num_devices: int) -> dict[str, int]:
     """Fit `config.mesh` to at most `num_devices` devices; returns the new sizes {'data', 'expert', 'context'}.
 
-    Picks the most devices k <= num_devices on which the config can run (`zaya_jax.parallel.mesh.check_layout`:
+    Picks the most devices k <= num_devices on which the config can run (`zaya_jax.train.schedule.check_layout`:
     e.g. a global batch of 8 does not split over 3 data shards, so 3 available devices give a 2-device mesh),
     keeping as much of the configured context, then expert, parallelism as divides k. Sets mesh.context /
     mesh.expert and mesh.data = -1 (existing fields: allowed on a locked config). When k < num_devices, call
     `use_devices(k)` before jax starts. Raises ConfigError (one line) if no mesh fits.
     """
     from zaya_jax.config import ConfigError
-    from zaya_jax.parallel.mesh import check_layout
+    from zaya_jax.train.schedule import check_layout
 
     mesh, experts = config.mesh, int(config.model.num_experts)
     first_error = None

@@ -15,7 +15,11 @@ import ml_collections
 from flax import nnx
 
 from zaya_jax.checkpoint.errors import CheckpointConfigError
-from zaya_jax.checkpoint.manager import Checkpointer, abstract_target
+from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
+from zaya_jax.config import ConfigError, default_config, validate_model
+from zaya_jax.model.zaya import abstract_model
+from zaya_jax.train.optimizer import make_optimizer
+from zaya_jax.train.state import TrainState, abstract_train_state, split_model
 
 
 def resolve_checkpoint(path: str, step: int | None = None) -> tuple[str, int]:
@@ -49,7 +53,6 @@ def resolve_checkpoint(path: str, step: int | None = None) -> tuple[str, int]:
 
 def config_from_meta(meta: dict, directory: str = "checkpoint") -> ml_collections.ConfigDict:
     """The training config saved in a checkpoint, on top of the current defaults (new fields keep defaults)."""
-    from zaya_jax.config import default_config
 
     saved = meta.get("config")
     if not isinstance(saved, dict) or "model" not in saved:
@@ -76,8 +79,6 @@ def load_model(path: str, *, step: int | None = None, dtype: str | None = None,
     fields (e.g. {"dispatch": "ragged"} for dropless inference). Arrays land on `sharding` (default: the
     first device).
     """
-    from zaya_jax.model.zaya import abstract_model
-    from zaya_jax.train.state import split_model
 
     ck, step, _, config = open_checkpoint(path, step)
     m = config.model
@@ -87,7 +88,6 @@ def load_model(path: str, *, step: int | None = None, dtype: str | None = None,
         m[name] = value
     if dtype is not None:
         m.param_dtype = m.dtype = str(dtype)
-    from zaya_jax.config import ConfigError, validate_model
 
     try:
         validate_model(m)
@@ -111,8 +111,6 @@ def load_train_state(path: str, mesh: jax.sharding.Mesh, *, config: ml_collectio
     `config` (default: the saved one) decides the target shapes, dtypes (cast on restore) and layout
     (`train.param_sharding`). The state is read field by field; `progress(name, nbytes)` is called after each.
     """
-    from zaya_jax.train.optimizer import make_optimizer
-    from zaya_jax.train.state import TrainState, abstract_train_state
 
     ck, step, meta, saved_config = open_checkpoint(path, step)
     config = config or saved_config
@@ -124,7 +122,6 @@ def load_train_state(path: str, mesh: jax.sharding.Mesh, *, config: ml_collectio
             part, _ = ck.restore(step, {name: getattr(abs_state, name)}, partial=True)
             fields[name] = part[name]
             if progress is not None:
-                from zaya_jax.checkpoint.manager import tree_nbytes
 
                 progress(name, tree_nbytes(fields[name]))
     finally:

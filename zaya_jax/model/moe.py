@@ -12,7 +12,7 @@ for every dispatch.
   ≈ the active FLOPs on CPU, exact.
 * `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (drops overflow, counted).
 * `ep`: expert parallelism over the `expert` mesh axis with a fixed-capacity `all_to_all`
-  (`zaya_jax.parallel.expert_parallel`; drops overflow, counted).
+  (`zaya_jax.model.expert_parallel`; drops overflow, counted).
 * `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise dropless per device:
   `grouped` on CPU, `ragged` on accelerators. It never drops a token unless the layout splits experts.
 
@@ -22,7 +22,6 @@ the fp32 residual stream, §9).
 
 from __future__ import annotations
 
-import math
 from typing import Callable, NamedTuple
 
 import jax
@@ -31,34 +30,13 @@ import ml_collections
 from flax import nnx
 
 from zaya_jax.model import layers
+from zaya_jax.model.expert_parallel import ep_dispatch
+from zaya_jax.model.experts import (Dispatch, DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
+                                    unpack_slots)
+from zaya_jax.model.grouped import grouped_local
 from zaya_jax.model.router import Router
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
-
-
-class DispatchResult(NamedTuple):
-    out: jax.Array  # [T, H] fp32 gate-weighted expert output (0 for skip / dropped tokens)
-    dropped: jax.Array  # [] int32 number of expert tokens dropped by a capacity limit
-
-
-# (x [T, H], choice [T] int32 in [0, E], gate [T] fp32, w_in [E, H, 2I], w_out [E, I, H], cfg) -> DispatchResult
-Dispatch = Callable[..., DispatchResult]
-
-
-def swiglu(x: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
-    """Batched expert MLP, operands in x's dtype, fp32 accumulation.
-
-    x: [E, C, H], w_in: [E, H, 2I] (gate | up), w_out: [E, I, H] → [E, C, H] fp32.
-    """
-    dt = x.dtype
-    gate_up = layers.einsum("ech,ehf->ecf", x, w_in, dt)
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    return layers.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out, dt)
-
-
-def gated(y: jax.Array, choice: jax.Array, gate: jax.Array, num_experts: int) -> jax.Array:
-    """g · y for expert tokens, 0 for skip tokens. y: [T, H], choice/gate: [T] → [T, H] fp32."""
-    return jnp.where((choice < num_experts)[:, None], y.astype(jnp.float32) * gate[:, None], 0.0)
 
 
 def dense_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
@@ -86,43 +64,6 @@ def ragged_local(x, choice, gate, w_in, w_out) -> jax.Array:
     return gated(jnp.zeros_like(ys).at[order].set(ys), choice, gate, num_experts)
 
 
-def capacity(num_tokens: int, num_experts: int, capacity_factor: float) -> int:
-    """Slots per expert: ceil(cf · T / E), at least 1 and at most T (cf ≥ E is dropless)."""
-    return max(1, min(num_tokens, math.ceil(capacity_factor * num_tokens / num_experts)))
-
-
-def slot_positions(choice: jax.Array, num_experts: int) -> jax.Array:
-    """Position of each token among the tokens routed to the same expert, in token order. [T] int32."""
-    onehot = jax.nn.one_hot(choice, num_experts + 1, dtype=jnp.int32)
-    return jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - 1, choice[:, None], axis=1)[:, 0]
-
-
-class CapacitySlots(NamedTuple):
-    """Where each token goes in fixed-capacity expert buffers [E·C (+1 trash row), H]."""
-
-    slot: jax.Array  # [T] int32: e*·C + pos for kept expert tokens, E·C (the trash row) otherwise
-    dropped: jax.Array  # [] int32 expert tokens beyond their expert's capacity
-
-
-def capacity_slots(choice: jax.Array, num_experts: int, cap: int) -> CapacitySlots:
-    """Token t (routed to e*, the pos-th such token in token order) takes slot (e*, pos) if pos < C."""
-    pos = slot_positions(choice, num_experts)
-    is_expert = choice < num_experts
-    keep = is_expert & (pos < cap)
-    return CapacitySlots(jnp.where(keep, choice * cap + pos, num_experts * cap),
-                         jnp.sum(is_expert & ~keep).astype(jnp.int32))
-
-
-def pack_slots(x: jax.Array, slots: CapacitySlots, rows: int) -> jax.Array:
-    """x [T, H] → buffer [rows, H] (rows = E·C) with each kept token in its slot, zeros elsewhere."""
-    return jnp.zeros((rows + 1, x.shape[1]), x.dtype).at[slots.slot].set(x)[:-1]
-
-
-def unpack_slots(buf: jax.Array, slots: CapacitySlots) -> jax.Array:
-    """Expert outputs [E·C, H] → [T, H] in token order (0 for dropped and skip tokens)."""
-    return jnp.concatenate([buf, jnp.zeros((1, buf.shape[1]), buf.dtype)], axis=0)[slots.slot]
-
-
 def capacity_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
     """Fixed-capacity buffers: token t goes to slot (e*, pos) if pos < C; overflow is dropped."""
     num_experts, (t, h) = w_in.shape[0], x.shape
@@ -141,27 +82,19 @@ def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
     GSPMD mesh wrapped in a `shard_map` over the token axes.
     """
     def dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-        from zaya_jax.parallel.expert_parallel import TOKEN_AXES
-
         mesh = active_mesh()
         if mesh is None or mesh.size == 1 or in_manual_region():  # 1 device: no shard_map (its transpose
             out = local_fn(x, choice, gate, w_in, w_out)           # would add an all-reduce)
         else:
-            tokens, none = jax.sharding.PartitionSpec(TOKEN_AXES), jax.sharding.PartitionSpec()
+            tokens, none = sharding.token_spec(), jax.sharding.PartitionSpec()
             out = jax.shard_map(local_fn, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none),
                                 out_specs=tokens, check_vma=False)(x, choice, gate, w_in, w_out)
         return DispatchResult(out, jnp.zeros((), jnp.int32))
     return dispatch
 
 
-def _grouped_local(x, choice, gate, w_in, w_out):
-    from zaya_jax.model.grouped import grouped_local
-
-    return grouped_local(x, choice, gate, w_in, w_out)
-
-
 ragged_dispatch = per_device(ragged_local)
-grouped_dispatch = per_device(_grouped_local)
+grouped_dispatch = per_device(grouped_local)
 
 
 def resolve_dispatch(name: str) -> str:
@@ -179,12 +112,8 @@ def resolve_dispatch(name: str) -> str:
 
 def get_dispatch(name: str) -> Dispatch:
     name = resolve_dispatch(name)
-    if name == "ep":
-        from zaya_jax.parallel.expert_parallel import ep_dispatch
-
-        return ep_dispatch
     return {"dense": dense_dispatch, "ragged": ragged_dispatch, "capacity": capacity_dispatch,
-            "grouped": grouped_dispatch}[name]
+            "grouped": grouped_dispatch, "ep": ep_dispatch}[name]
 
 
 class MoEStats(NamedTuple):

@@ -19,7 +19,7 @@ from flax import nnx
 from zaya_jax.model import layers
 from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.moe import MoE, MoEStats
-from zaya_jax.parallel import context
+from zaya_jax.model import cca_context
 from zaya_jax.parallel.mesh import in_manual_region
 
 STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
@@ -55,13 +55,13 @@ class DecoderLayer(nnx.Module):
         """r: [B, S, H] fp32 residual, router_state: [B, S, R] fp32 → (r, router_state, MoEStats).
 
         context_layout: None → CCA over the whole (GSPMD-sharded) sequence; "contiguous" / "zigzag" →
-        context-parallel CCA (`zaya_jax.parallel.context`), tokens in that layout's order.
+        context-parallel CCA (`zaya_jax.model.cca_context`), tokens in that layout's order.
         """
         x = self.attn_norm(r)
         if context_layout is None:
             y = self.attn(x, positions)
         else:
-            y = context.cca_forward(self.attn, x, positions, context_layout)
+            y = cca_context.cca_forward(self.attn, x, positions, context_layout)
         r = self.attn_merge(y, r)
         z, router_state, stats = self.moe(self.moe_norm(r), router_state)
         return self.moe_merge(z, r), router_state, stats
@@ -139,7 +139,7 @@ class Zaya(nnx.Module):
         """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats).
 
         Under an active mesh with a `context` axis > 1, CCA runs context-parallel in `context_layout`
-        ("contiguous" | "zigzag", see `zaya_jax.parallel.context`); for zigzag the layer stack runs in
+        ("contiguous" | "zigzag", see `zaya_jax.model.cca_context`); for zigzag the layer stack runs in
         zigzag token order and the hidden state is returned in natural order. Results do not depend on it.
         run_layers: how the stacked layers run (default `scan_layers`); the ZeRO-1 step passes one whose
         backward pass accumulates parameter gradients straight into its reduce-scatter buffers.
@@ -147,15 +147,15 @@ class Zaya(nnx.Module):
         m = self.cfg
         chex.assert_rank(input_ids, 2)
         b, s = input_ids.shape
-        layout = context.active_layout(b, s, context_layout, cca_halo(m))
+        layout = cca_context.active_layout(b, s, context_layout, cca_halo(m))
         if layout is not None:
-            input_ids = context.to_layout(input_ids, layout)
+            input_ids = cca_context.to_layout(input_ids, layout)
             if positions is not None:
-                positions = context.to_layout(positions, layout)
+                positions = cca_context.to_layout(positions, layout)
             elif in_manual_region():  # this device's chunk(s) of the sequence
-                positions = context.local_positions(s, layout)
+                positions = cca_context.local_positions(s, layout)
             else:
-                positions = jnp.asarray(context.layout_positions(s, context.context_size(), layout))
+                positions = jnp.asarray(cca_context.layout_positions(s, cca_context.context_size(), layout))
         elif positions is None:
             positions = jnp.arange(s, dtype=jnp.int32)[None, :]
         r = self.embed_tokens(input_ids)
@@ -163,7 +163,7 @@ class Zaya(nnx.Module):
         graphdef, stacked = nnx.split(self.layers)
         r, stats = (run_layers or scan_layers)(graphdef, stacked, r, router_state, positions, layout, m.remat)
         h = self.final_norm(r)
-        return (h if layout is None else context.from_layout(h, layout)), stats
+        return (h if layout is None else cca_context.from_layout(h, layout)), stats
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Tied head: h [..., H] → fp32 logits [..., V] (compute-dtype operands, fp32 accumulation)."""

@@ -4,9 +4,7 @@ fastest links — the 8 GPUs of an MI300X node), built from `config.mesh` (`-1` 
 Multi-process aware: the mesh spans `jax.devices()` (all processes' devices); axis types are passed
 explicitly (`Auto`: GSPMD-style propagation; `jax.shard_map` makes axes manual where needed).
 
-`check_layout(config, sizes)` is the one up-front check that a config can run on a mesh of the given sizes
-(batch and sequence splits); launchers call it before any work, and the elastic restart uses it to pick a
-mesh.
+Whether a config's batch schedule fits a mesh is checked by `zaya_jax.train.schedule.check_layout`.
 """
 
 from __future__ import annotations
@@ -60,28 +58,6 @@ def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> Non
     if seq // chunks < max(halo, 1):
         raise ConfigError(f"train.seq_len={seq} / {chunks} chunks gives {seq // chunks} tokens per chunk, fewer than "
                           f"the CCA conv halo ({halo}); use a longer sequence or a smaller mesh.context")
-
-
-def check_layout(config: ml_collections.ConfigDict, sizes: dict[str, int], *, process_count: int = 1) -> None:
-    """Raise a one-line ConfigError unless `config` can train on a mesh of `sizes` ({'data', 'expert', 'context'}).
-
-    Checks, for the step-0 batch and every stage of `train.batch_ramp`: the global batch divides by
-    data × expert × train.microbatches (each device gets whole sequences of every micro-batch) and by the
-    process count (each process loads an equal share); and the sequence splits over `context`
-    (`check_sequence_split`). Pure: no devices are touched.
-    """
-    from zaya_jax.train import schedule
-
-    t, data, expert = config.train, int(sizes.get("data", 1)), int(sizes.get("expert", 1))
-    try:
-        schedule.validate_batch_ramp(t, data * expert)
-    except ConfigError as err:
-        raise ConfigError(f"mesh data={data} x expert={expert}: {err}, or another mesh") from None
-    for batch in {schedule.batch_size_at(0, t), *(int(b) for _, b in t.batch_ramp)}:
-        if batch % process_count:
-            raise ConfigError(f"global batch {batch} is not divisible by the {process_count} processes (each loads "
-                              "an equal share); use a multiple of the process count")
-    check_sequence_split(config, int(sizes.get("context", 1)))
 
 
 def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) -> Mesh:

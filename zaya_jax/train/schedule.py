@@ -26,6 +26,7 @@ import ml_collections
 import optax
 
 from zaya_jax.config import ConfigError
+from zaya_jax.parallel.mesh import check_sequence_split
 
 DECAY_SHAPES = ("linear", "sqrt")
 
@@ -158,3 +159,23 @@ def validate_batch_ramp(train_cfg: ml_collections.ConfigDict, dp_size: int) -> N
             raise ConfigError(
                 f"{where}: batch {batch} is not divisible by data-parallel size {dp_size} × "
                 f"train.microbatches {mb} = {need}; use a multiple of {need}")
+
+
+def check_layout(config: ml_collections.ConfigDict, sizes: dict[str, int], *, process_count: int = 1) -> None:
+    """Raise a one-line ConfigError unless `config` can train on a mesh of `sizes` ({'data', 'expert', 'context'}).
+
+    Checks, for the step-0 batch and every stage of `train.batch_ramp`: the global batch divides by
+    data × expert × train.microbatches (each device gets whole sequences of every micro-batch) and by the
+    process count (each process loads an equal share); and the sequence splits over `context`
+    (`check_sequence_split`). Pure: no devices are touched.
+    """
+    t, data, expert = config.train, int(sizes.get("data", 1)), int(sizes.get("expert", 1))
+    try:
+        validate_batch_ramp(t, data * expert)
+    except ConfigError as err:
+        raise ConfigError(f"mesh data={data} x expert={expert}: {err}, or another mesh") from None
+    for batch in {batch_size_at(0, t), *(int(b) for _, b in t.batch_ramp)}:
+        if batch % process_count:
+            raise ConfigError(f"global batch {batch} is not divisible by the {process_count} processes (each loads "
+                              "an equal share); use a multiple of the process count")
+    check_sequence_split(config, int(sizes.get("context", 1)))

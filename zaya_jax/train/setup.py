@@ -17,9 +17,11 @@ import ml_collections
 from jax.sharding import Mesh
 
 from zaya_jax.train import schedule
+from zaya_jax.train import zero1
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state, create_train_state
 from zaya_jax.train.step import make_train_step
+from zaya_jax.train.zero1_step import make_zero1_train_step
 
 
 class Training(NamedTuple):
@@ -40,9 +42,6 @@ def _identity(x):
 def _build(config: ml_collections.ConfigDict, mesh: Mesh, model: Any, abstract: bool) -> Training:
     tx, lr_fn = make_optimizer(config), schedule.learning_rate_schedules(config)["muon"]
     if config.train.param_sharding == "zero1":
-        from zaya_jax.train import zero1
-        from zaya_jax.train.zero1_step import make_zero1_train_step
-
         if abstract:
             graphdef, setup, state = zero1.zero1_setup(config, mesh, tx)
         else:

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, PartitionSpec as P
 
 from zaya_jax.model.layers import BalancingBias
 from zaya_jax.model.zaya import Zaya, abstract_model

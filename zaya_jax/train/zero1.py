@@ -34,14 +34,14 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from zaya_jax.keys import leaf_name, path_name
+from zaya_jax.keys import path_name
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.model.zaya import STACKED_AXIS
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
 from zaya_jax.parallel.owners import FlatLayout, Matrix, SlotLayout
 from zaya_jax.train import optimizer as optimizer_lib
-from zaya_jax.train.state import TrainState
+from zaya_jax.train.state import TrainState, abstract_train_state, canonical_builder, split_model
 
 Arrays = dict[str, jax.Array]  # parameter path name → array
 
@@ -403,8 +403,6 @@ class Zero1Setup:
 def zero1_setup(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation
                 ) -> tuple[Any, Zero1Setup, Zero1State]:
     """(graphdef, setup, abstract Zero1State with shardings) for `config` on `mesh` — nothing is allocated."""
-    from zaya_jax.train.state import abstract_train_state
-
     graphdef, abs_canonical, canonical_shardings = abstract_train_state(config, mesh, tx)
     layout = build_layout(config, mesh, abs_canonical.params)
     sizes = dict(mesh.shape)
@@ -417,8 +415,6 @@ def zero1_setup(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.Gradien
 def create_zero1_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation,
                        model: Any = None) -> tuple[Any, Zero1Setup, Zero1State]:
     """A fresh (or `model`'s) ZeRO-1 state built directly in its shardings. Returns (graphdef, setup, state)."""
-    from zaya_jax.train.state import canonical_builder, split_model
-
     graphdef, setup, _ = zero1_setup(config, mesh, tx)
     build = canonical_builder(config, tx)
     init = lambda *pb: from_canonical(setup.layout, setup.sizes,  # noqa: E731

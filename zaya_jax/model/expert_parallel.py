@@ -21,11 +21,10 @@ from functools import partial
 import jax
 from jax.sharding import PartitionSpec as P
 
-from zaya_jax.model.moe import (DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
-                                unpack_slots)
+from zaya_jax.model.experts import (DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
+                                    unpack_slots)
+from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, active_mesh, in_manual_region
-
-TOKEN_AXES = ("data", "expert", "context")  # blocks of a flattened [B·S] token dim (`sharding.flatten_tokens`)
 
 
 def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float) -> DispatchResult:
@@ -45,7 +44,7 @@ def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor:
 
 
 def ep_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-    """EP dispatch with the `Dispatch` signature of `zaya_jax.model.moe`. Inside a manual `shard_map` (the ZeRO-1
+    """EP dispatch with the `Dispatch` signature of `zaya_jax.model.experts`. Inside a manual `shard_map` (the ZeRO-1
     step) it is the per-device body (local tokens, local experts, local dropped count); otherwise it needs an
     active mesh (`jax.set_mesh`) with axes data/context/expert and wraps the body in a `shard_map` (dropped
     summed over all devices). x: [T, H] → DispatchResult(out [T, H] fp32, dropped [])."""
@@ -61,7 +60,7 @@ def ep_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
         out, dropped = body(*args)
         return out, jax.lax.psum(dropped, AXES)
 
-    tokens = P(TOKEN_AXES)
+    tokens = sharding.token_spec()
     out, dropped = jax.shard_map(summed, mesh=mesh, in_specs=(tokens, tokens, tokens, P("expert"), P("expert")),
                                  out_specs=(tokens, P()), check_vma=False)(x, choice, gate, w_in, w_out)
     return DispatchResult(out, dropped)
