@@ -1,6 +1,6 @@
 """Hardware descriptions and the paper's MI300X-aware sizing rules (arXiv 2511.17127; docs/sizing.md).
 
-Rules (the paper's exact thresholds are unknown; these are the [I] rules of §8):
+Rules (the paper reports MI300X-aware sizing but not its thresholds; these are the project's, see docs/sizing.md):
   1. GEMM dims (hidden, head, intermediate, router, derived q/k/v widths) are multiples of 64,
      preferably 128 (`strict=True` also flags 64-but-not-128).
   2. vocab_size is padded to a multiple of 64 (128 preferred; proposals pad up to 128).
