@@ -162,8 +162,8 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     attn_square = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full S×S square
     # share of the square XLA computes: all of it (masked), or in the zigzag context layout the 2n+1 causally
     # needed of the 4n² (S/2n)² blocks per device (`zaya_jax.parallel.context`)
-    n_ctx = int(config.mesh.context) if "mesh" in config else 1
-    zigzag = n_ctx > 1 and config.mesh.get("context_layout", "contiguous") == "zigzag"
+    n_ctx = int(config.mesh.context)
+    zigzag = n_ctx > 1 and config.mesh.context_layout == "zigzag"
     square = (2 * n_ctx + 1) / (4 * n_ctx) if zigzag else 1.0
     attn_fwd_full = square * attn_square
     expert_fwd = 2 * nl * 3 * h * i

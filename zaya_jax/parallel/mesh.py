@@ -17,7 +17,7 @@ import jax
 import ml_collections
 from jax.sharding import AxisType, Mesh
 
-from zaya_jax.config import ConfigError
+from zaya_jax.config import ConfigError, check_sequence_split
 
 AXES = ("data", "context", "expert")
 # Mesh axes that split the batch of tokens outside attention (the expert axis doubles as data parallelism
@@ -41,25 +41,6 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
         raise ConfigError(f"mesh {sizes} does not fit {num_devices} devices: it uses {math.prod(sizes.values())}; "
                           "set one axis to -1 or make the sizes multiply to the device count")
     return sizes
-
-
-def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> None:
-    """Raise ConfigError unless `train.seq_len` splits into equal context-parallel chunks of at least the CCA
-    convolution halo (`context` devices; 2·context chunks with the zigzag layout)."""
-    if context <= 1 or "train" not in config:
-        return
-    m, seq = config.model, int(config.train.seq_len)
-    layout = config.mesh.get("context_layout", "contiguous")
-    chunks = context * (2 if layout == "zigzag" else 1)
-    halo = (m.cca_time0 - 1) + (m.cca_time1 - 1)
-    if seq % chunks:
-        raise ConfigError(f"train.seq_len={seq} is not divisible by mesh.context={context}"
-                          + (" x 2 (zigzag layout)" if layout == "zigzag" else "")
-                          + f": context parallelism splits every sequence into {chunks} equal chunks; choose a "
-                          f"multiple of {chunks} or another mesh.context")
-    if seq // chunks < max(halo, 1):
-        raise ConfigError(f"train.seq_len={seq} / {chunks} chunks gives {seq // chunks} tokens per chunk, fewer than "
-                          f"the CCA conv halo ({halo}); use a longer sequence or a smaller mesh.context")
 
 
 def check_layout(config: ml_collections.ConfigDict, sizes: dict[str, int], *, process_count: int = 1) -> None:
