@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from zaya_jax.config import ConfigError, load_config
+from zaya_jax.config import ConfigError, default_config, load_config
 from zaya_jax.train import schedule
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,3 +93,37 @@ def test_config_flag_selects_phase_and_accepts_overrides():
 def test_data_root_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ZAYA_DATA_ROOT", "/scratch/zaya")
     assert all(s.startswith("/scratch/zaya/") for s in phase("phase2").data.sources)
+
+
+# ----------------------------------------------------------------------------- experiments/zaya1.py variants
+
+ZAYA1 = os.path.join(REPO, "experiments", "zaya1.py")
+WRAPPERS = {"tiny": "zaya1_tiny.py", "demo": "zaya1_demo.py", "100m": "zaya1_100m.py", "h1024": "zaya1_h1024.py",
+            "base": "zaya1_base.py", "phase1": "zaya1_base.py:phase1", "phase2": "zaya1_base.py:phase2",
+            "phase3": "zaya1_base.py:phase3"}
+
+
+@pytest.mark.parametrize("variant", WRAPPERS)
+def test_each_preset_file_is_its_variant(variant):
+    wrapper = load_config(os.path.join(REPO, "experiments", WRAPPERS[variant]))
+    assert wrapper.to_dict() == load_config(f"{ZAYA1}:{variant}").to_dict()
+
+
+def test_presets_differ_and_share_one_default_tree():
+    configs = {name: load_config(f"{ZAYA1}:{name}") for name in ("tiny", "demo", "100m", "h1024", "base")}
+    assert len({c.model.hidden_size for c in configs.values()}) == len(configs)
+    assert configs["demo"].mesh.expert == 4 and configs["demo"].model.dispatch == "ep"
+    assert configs["tiny"].model.vocab_size == configs["demo"].model.vocab_size == 384  # byte-level tokens
+    # base keeps the released architecture: the default model section up to dtype / remat
+    base = configs["base"].model.to_dict()
+    assert {k for k, v in default_config().model.items() if base[k] != v} == {"dtype", "remat"}
+
+
+def test_variant_extras_override_fields():
+    config = load_config(f"{ZAYA1}:tiny,train.steps=5,model.dispatch=ep,optimizer.warmup_steps=2")
+    assert (config.train.steps, config.model.dispatch, config.optimizer.warmup_steps) == (5, "ep", 2)
+    assert load_config(os.path.join(REPO, "experiments", "zaya1_tiny.py:train.steps=70")).train.steps == 70
+    with pytest.raises(ConfigError, match="unknown variant 'huge'.*tiny"):
+        load_config(f"{ZAYA1}:huge")
+    with pytest.raises(ConfigError, match=r"extra 'train\.stepz=5'"):
+        load_config(f"{ZAYA1}:tiny,train.stepz=5")
