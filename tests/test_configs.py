@@ -127,3 +127,52 @@ def test_variant_extras_override_fields():
         load_config(f"{ZAYA1}:huge")
     with pytest.raises(ConfigError, match=r"extra 'train\.stepz=5'"):
         load_config(f"{ZAYA1}:tiny,train.stepz=5")
+
+
+# ----------------------------------------------------------------------------- the config layer
+
+
+def test_config_package_imports_nothing_else_of_zaya_jax():
+    import subprocess
+    import sys
+
+    code = ("import sys, zaya_jax.config as c; c.validate(c.default_config()); "
+            "print(sorted(m for m in sys.modules if m.startswith('zaya_jax') and not m.startswith('zaya_jax.config')"
+            " and m != 'zaya_jax'), 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "False"]
+
+
+@pytest.mark.parametrize("section, field, value, match", [
+    ("checkpoint", "keep", 0, "checkpoint.keep=0 must be >= 1"),
+    ("checkpoint", "preemption_sync_every", 0, "checkpoint.preemption_sync_every=0 must be >= 1"),
+    ("balancing", "error_shape", "cube", "balancing.error_shape='cube'; choose one of"),
+    ("optimizer", "wsd_decay_shape", "cubic", "optimizer.wsd_decay_shape='cubic'"),
+    ("optimizer", "warmup_steps", 5000, r"optimizer.warmup_steps=5000 must be in \[0, train.steps=1000\]"),
+    ("train", "grad_reduce_dtype", "float16", "train.grad_reduce_dtype='float16'"),
+    ("train", "peak_tflops", -1.0, "train.peak_tflops"),
+    ("data", "eval_fraction", 1.0, "data.eval_fraction"),
+    ("mesh", "context_layout", "striped", "mesh.context_layout='striped'"),
+    ("model", "remat", "some", "model.remat='some'"),
+])
+def test_one_validate_checks_every_section_and_changes_nothing(section, field, value, match):
+    from zaya_jax.config import validate
+
+    config = default_config()
+    before = config.to_dict()
+    assert validate(config) is config and config.to_dict() == before
+    config[section][field] = value
+    with pytest.raises(ConfigError, match=match) as err:
+        validate(config)
+    assert "\n" not in str(err.value)
+
+
+def test_mfu_peak_comes_from_the_config_or_the_table_never_a_benchmark():
+    import jax
+
+    from zaya_jax.train.loop import mesh_peak_flops
+
+    config = default_config()
+    assert jax.default_backend() == "cpu" and mesh_peak_flops(config) is None  # CPU: no table entry, no peak
+    config.train.peak_tflops = 0.5  # measured with launch.bench --suite=gemm; emulated devices share the host
+    assert mesh_peak_flops(config) == pytest.approx(0.5e12 * jax.process_count())
