@@ -36,6 +36,9 @@ def choice_table(names: tuple[str, ...], table: Mapping[str, Any]) -> dict[str, 
     return dict(table)
 
 
+CONTEXT_CHUNKS = choice_table(CONTEXT_LAYOUTS, {"contiguous": 1, "zigzag": 2})  # sequence chunks per device
+
+
 # ---------------------------------------------------------------------------- sections
 def model_config() -> ml_collections.ConfigDict:
     """ZAYA1 model fields (defaults = the released ZAYA1-base, docs/architecture.md §1)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ml_collections
 
 from zaya_jax.config.defaults import (
+    CONTEXT_CHUNKS,
     CONTEXT_LAYOUTS,
     DECAY_SHAPES,
     DISPATCHES,
@@ -68,12 +69,13 @@ def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> Non
     if context <= 1:
         return
     m, seq = config.model, int(config.train.seq_len)
-    zigzag = config.mesh.context_layout == "zigzag"
-    chunks = context * (2 if zigzag else 1)
+    chunks_per_device = CONTEXT_CHUNKS[config.mesh.context_layout]
+    chunks = context * chunks_per_device
     halo = (m.cca_time0 - 1) + (m.cca_time1 - 1)
     if seq % chunks:
         raise ConfigError(f"train.seq_len={seq} is not divisible by mesh.context={context}"
-                          + (" x 2 (zigzag layout)" if zigzag else "")
+                          + (f" x {chunks_per_device} ({config.mesh.context_layout} layout)"
+                             if chunks_per_device > 1 else "")
                           + f": context parallelism splits every sequence into {chunks} equal chunks; choose a "
                           f"multiple of {chunks} or another mesh.context")
     if seq // chunks < max(halo, 1):
