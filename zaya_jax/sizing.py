@@ -51,7 +51,8 @@ class Hardware:
         def tag(field: str) -> str:
             return " [vendor spec]" if field in self.vendor_spec else " [estimate]"
 
-        return (f"{self.name}: dense bf16 {self.peak_bf16_flops / 1e12:.1f} TFLOP/s{tag('peak_bf16_flops')}, "
+        fp32 = f", fp32 {self.peak_fp32_flops / 1e12:.1f}{tag('peak_fp32_flops')}" if self.peak_fp32_flops else ""
+        return (f"{self.name}: dense bf16 {self.peak_bf16_flops / 1e12:.1f} TFLOP/s{tag('peak_bf16_flops')}{fp32}, "
                 f"HBM {self.hbm_bandwidth / 1e12:.2f} TB/s{tag('hbm_bandwidth')}, "
                 f"{self.memory_bytes / 1e9:.0f} GB{tag('memory_bytes')}, ridge {self.ridge:.0f} FLOP/B")
 
