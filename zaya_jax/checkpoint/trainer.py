@@ -38,13 +38,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from zaya_jax.config import validate_checkpoint
 from zaya_jax.checkpoint import faults as faults_lib
 from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, Heartbeat
 from zaya_jax.checkpoint.guard import LossGuard
 from zaya_jax.checkpoint.lock import DirLock
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
+from zaya_jax.config import validate_checkpoint
 
 
 def _identity(x):

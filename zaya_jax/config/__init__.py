@@ -56,12 +56,13 @@ from zaya_jax.config.validate import (
 )
 
 __all__ = [
-    "CONCRETE_DISPATCHES", "CONTEXT_CHUNKS", "CONTEXT_LAYOUTS", "DECAY_SHAPES", "DEFAULT_CORPUS_MAX_BYTES", "DISPATCHES", "DTYPES",
-    "ERROR_SHAPES", "GAIN_UNITS", "GRAD_REDUCE_DTYPES", "PARAM_SHARDINGS", "REMAT_POLICIES", "SCHEDULES", "SECTIONS",
-    "SKIP_OUTPUTS", "ConfigError", "balancing_config", "check_sequence_split", "checkpoint_config", "choice_table",
-    "config_module", "data_config", "default_config", "load_config", "mesh_config", "model_config", "num_rotary_dims",
-    "optimizer_config", "round_up", "train_config", "validate", "validate_balancing", "validate_checkpoint",
-    "validate_data", "validate_mesh", "validate_model", "validate_optimizer", "validate_train",
+    "CONCRETE_DISPATCHES", "CONTEXT_CHUNKS", "CONTEXT_LAYOUTS", "DECAY_SHAPES", "DEFAULT_CORPUS_MAX_BYTES",
+    "DISPATCHES", "DTYPES", "ERROR_SHAPES", "GAIN_UNITS", "GRAD_REDUCE_DTYPES", "PARAM_SHARDINGS", "REMAT_POLICIES",
+    "SCHEDULES", "SECTIONS", "SKIP_OUTPUTS", "ConfigError", "balancing_config", "check_sequence_split",
+    "checkpoint_config", "choice_table", "config_module", "data_config", "default_config", "load_config",
+    "mesh_config", "model_config", "num_rotary_dims", "optimizer_config", "round_up", "train_config", "validate",
+    "validate_balancing", "validate_checkpoint", "validate_data", "validate_mesh", "validate_model",
+    "validate_optimizer", "validate_train",
 ]
 
 

@@ -14,7 +14,6 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import logging
