@@ -33,9 +33,10 @@ def _bad_model():
 
 
 def test_zaya1_base_is_clean():
+    config = load_config(os.path.join(REPO, "experiments", "zaya1_base.py"))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a sizing warning at load would fail here
-        config = load_config(os.path.join(REPO, "experiments", "zaya1_base.py"))
+        warnings.simplefilter("error")  # a sizing warning would fail here
+        assert sizing.warn_model(config) == []
     for hw in sizing.HARDWARE:
         assert sizing.check_model(config.model, hw) == []
         assert sizing.check_model(config, hw) == []
