@@ -5,21 +5,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from zaya_jax.config.defaults import (
-    CONTEXT_CHUNKS,
-    CONTEXT_LAYOUTS,
-    DECAY_SHAPES,
-    DISPATCHES,
-    DTYPES,
-    ERROR_SHAPES,
-    GAIN_UNITS,
-    GRAD_REDUCE_DTYPES,
-    PARAM_SHARDINGS,
-    REMAT_POLICIES,
-    SCHEDULES,
-    SECTIONS,
-    SKIP_OUTPUTS,
-)
+from zaya_jax.config import defaults as choices
 
 
 class ConfigError(ValueError):
@@ -52,12 +38,12 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
            "model.num_kv_heads*head_dim must be even: the value projection is split into current/delayed halves")
     _check(m.num_experts_per_tok == 1,
            f"model.num_experts_per_tok={m.num_experts_per_tok}: the ZAYA1 router supports top-1 only; set it to 1")
-    _choice("model", "skip_output", m.skip_output, SKIP_OUTPUTS)
-    _choice("model", "dispatch", m.dispatch, DISPATCHES)
+    _choice("model", "skip_output", m.skip_output, choices.SKIP_OUTPUTS)
+    _choice("model", "dispatch", m.dispatch, choices.DISPATCHES)
     _check(m.capacity_factor > 0, f"model.capacity_factor={m.capacity_factor} must be > 0")
-    _check(m.dtype in DTYPES and m.param_dtype in DTYPES,
-           f"model.dtype={m.dtype!r} / model.param_dtype={m.param_dtype!r}; choose from {DTYPES}")
-    _choice("model", "remat", m.remat, REMAT_POLICIES)
+    _check(m.dtype in choices.DTYPES and m.param_dtype in choices.DTYPES,
+           f"model.dtype={m.dtype!r} / model.param_dtype={m.param_dtype!r}; choose from {choices.DTYPES}")
+    _choice("model", "remat", m.remat, choices.REMAT_POLICIES)
     _check(bool(m.tie_word_embeddings), "model.tie_word_embeddings must be True: ZAYA1 ties the LM head")
     _check(m.rope_theta > 0 and m.rms_norm_eps > 0 and m.qk_norm_eps > 0,
            "model.rope_theta, model.rms_norm_eps and model.qk_norm_eps must be > 0")
@@ -69,7 +55,7 @@ def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> Non
     if context <= 1:
         return
     m, seq = config.model, int(config.train.seq_len)
-    chunks_per_device = CONTEXT_CHUNKS[config.mesh.context_layout]
+    chunks_per_device = choices.CONTEXT_CHUNKS[config.mesh.context_layout]
     chunks = context * chunks_per_device
     halo = (m.cca_time0 - 1) + (m.cca_time1 - 1)
     if seq % chunks:
@@ -91,14 +77,14 @@ def validate_mesh(config: ml_collections.ConfigDict) -> None:
     if config.mesh.expert > 1:
         _check(config.model.num_experts % config.mesh.expert == 0,
                f"model.num_experts={config.model.num_experts} is not divisible by mesh.expert={config.mesh.expert}")
-    _choice("mesh", "context_layout", config.mesh.context_layout, CONTEXT_LAYOUTS)
+    _choice("mesh", "context_layout", config.mesh.context_layout, choices.CONTEXT_LAYOUTS)
     check_sequence_split(config, int(config.mesh.context))
 
 
 def validate_optimizer(o: ml_collections.ConfigDict, steps: int) -> None:
     """The optimizer section and its LR schedule over `steps` (= train.steps) optimizer steps."""
-    _choice("optimizer", "schedule", o.schedule, SCHEDULES)
-    _choice("optimizer", "wsd_decay_shape", o.wsd_decay_shape, DECAY_SHAPES)
+    _choice("optimizer", "schedule", o.schedule, choices.SCHEDULES)
+    _choice("optimizer", "wsd_decay_shape", o.wsd_decay_shape, choices.DECAY_SHAPES)
     warmup = int(o.warmup_steps)
     _check(0 <= warmup and not (steps > 0 and warmup > steps),
            f"optimizer.warmup_steps={warmup} must be in [0, train.steps={steps}]")
@@ -111,8 +97,8 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
     for name, low in (("steps", 1), ("seq_len", 1), ("global_batch_size", 1), ("microbatches", 1), ("log_every", 1),
                       ("eval_every", 0), ("eval_batches", 1), ("loss_chunk", 1)):
         _check(isinstance(t[name], int) and t[name] >= low, f"train.{name}={t[name]!r} must be an integer >= {low}")
-    _choice("train", "param_sharding", t.param_sharding, PARAM_SHARDINGS)
-    _choice("train", "grad_reduce_dtype", t.grad_reduce_dtype, GRAD_REDUCE_DTYPES)
+    _choice("train", "param_sharding", t.param_sharding, choices.PARAM_SHARDINGS)
+    _choice("train", "grad_reduce_dtype", t.grad_reduce_dtype, choices.GRAD_REDUCE_DTYPES)
     _check(t.global_batch_size % t.microbatches == 0,
            f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}")
     starts = [int(s) for s, _ in t.batch_ramp]
@@ -128,8 +114,8 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
 
 def validate_balancing(cfg: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the `balancing.*` field that is out of range (`cfg` = config.balancing)."""
-    _choice("balancing", "error_shape", cfg.error_shape, ERROR_SHAPES)
-    _choice("balancing", "gain_units", cfg.gain_units, GAIN_UNITS)
+    _choice("balancing", "error_shape", cfg.error_shape, choices.ERROR_SHAPES)
+    _choice("balancing", "gain_units", cfg.gain_units, choices.GAIN_UNITS)
     _check(not (cfg.error_shape == "tanh" and cfg.tanh_tau <= 0),
            f"balancing.tanh_tau={cfg.tanh_tau} must be > 0 with error_shape='tanh'")
     _check(0.0 <= cfg.target_skip < 1.0, f"balancing.target_skip={cfg.target_skip} must be in [0, 1)")
@@ -175,7 +161,7 @@ def validate_checkpoint(c: ml_collections.ConfigDict) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Check every section of a full config tree (`default_config()` with overrides) and return it unchanged."""
-    missing = [name for name in SECTIONS if name not in config]
+    missing = [name for name in choices.SECTIONS if name not in config]
     _check(not missing, f"config has no section(s) {missing}; start the config from zaya_jax.config.default_config()")
     validate_model(config.model)
     validate_train(config)
