@@ -106,13 +106,21 @@ def _run_membw(f: flags.FlagValues) -> None:
               trials=f.trials or (3 if f.quick else 10))
 
 
-def _bench_config(f: flags.FlagValues, default: str):
+def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = False):
+    """The --config (else `default`), validated; `quick_model`: a validated copy with the bench's tiny model."""
     import os
 
-    from zaya_jax.config import load_config
+    from zaya_jax.config import load_config, validate
 
     path = f.config or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), default)
-    return load_config(path)
+    config = load_config(path)
+    if not quick_model:
+        return config
+    from zaya_jax.bench.train import QUICK_MODEL
+
+    config = config.copy_and_resolve_references()
+    config.model.update(QUICK_MODEL)
+    return validate(config)
 
 
 @register_suite("train", "training tokens/s of the jitted train step vs transformers ZayaForCausalLM "
@@ -163,11 +171,8 @@ def _separate_train_runs(f: flags.FlagValues) -> list[list[dict]]:
 @register_suite("moe", "MoE block / dense SwiGLU of equal active FLOPs per dispatch (forward + backward)")
 def _run_moe(f: flags.FlagValues) -> None:
     from zaya_jax.bench import common, moe
-    from zaya_jax.bench.train import QUICK_MODEL
 
-    config = _bench_config(f, "experiments/zaya1_100m.py")
-    if f.quick:
-        config.model.update(QUICK_MODEL)
+    config = _bench_config(f, "experiments/zaya1_100m.py", quick_model=f.quick)
     tokens = f.tokens or (256 if f.quick else config.train.global_batch_size * config.train.seq_len)
     moe.run(f.out, config.model, tokens, command=common.command_line(),
             dispatches=f.dispatches or moe.DISPATCHES,
@@ -189,11 +194,8 @@ def _run_compile(f: flags.FlagValues) -> None:
 @register_suite("checkpoint", "Orbax checkpoint save throughput vs raw sequential writes (fsync) to the same disk")
 def _run_checkpoint(f: flags.FlagValues) -> None:
     from zaya_jax.bench import ckpt, common
-    from zaya_jax.bench.train import QUICK_MODEL
 
-    config = _bench_config(f, "experiments/zaya1_100m.py")
-    if f.quick:
-        config.model.update(QUICK_MODEL)
+    config = _bench_config(f, "experiments/zaya1_100m.py", quick_model=f.quick)
     ckpt.run(f.out, config, command=common.command_line(), directory=f.ckpt_dir,
              trials=f.trials or (2 if f.quick else 3), optimizer=(f.optimizers or ["muon"])[0])
 

@@ -10,7 +10,6 @@ are violated; 1 only when the config file cannot be loaded (missing, broken, inv
 from __future__ import annotations
 
 import sys
-import warnings
 
 from absl import app, flags
 
@@ -50,16 +49,11 @@ def main(argv: list[str]) -> int:
     except ValueError as e:
         raise app.UsageError(str(e)) from e
     mesh = _parse_mesh(FLAGS.mesh)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        try:
-            config = load_config(FLAGS.config)
-        except Exception as e:  # noqa: BLE001 - any failure to load makes the file unusable
-            print(f"error: cannot use config {FLAGS.config!r}: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
-    for w in caught:  # the sizing warnings are reported below; re-emit anything else
-        if not str(w.message).startswith("sizing:"):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    try:
+        config = load_config(FLAGS.config)
+    except Exception as e:  # noqa: BLE001 - any failure to load makes the file unusable
+        print(f"error: cannot use config {FLAGS.config!r}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
 
     model = config.model if "model" in config else config
     print(f"config:   {FLAGS.config}")

@@ -34,6 +34,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan is made on the (emulat
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from zaya_jax.config import PARAM_SHARDINGS, REMAT_POLICIES  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).",
                                           lock_config=True)
 flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8 or data:2,expert:4 (default: the config's mesh)")
@@ -41,9 +43,9 @@ flags.DEFINE_integer("seq", None, "sequence length (default: config.train.seq_le
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.sizing.HARDWARE)")
-flags.DEFINE_enum("remat", None, ["none", "full", "dots", "dots_no_batch", "auto"],
+flags.DEFINE_enum("remat", None, [*REMAT_POLICIES, "auto"],
                   "remat policy (default: the config's); auto = first of none, dots, full that fits")
-flags.DEFINE_enum("param_sharding", None, ["zero1", "fsdp", "replicated"], "default: the config's")
+flags.DEFINE_enum("param_sharding", None, list(PARAM_SHARDINGS), "default: the config's")
 flags.DEFINE_string("dispatch", "auto", "MoE dispatch for planning: auto (per-device 'ep'), config (keep), "
                                         "or dense | ragged | capacity | ep")
 flags.DEFINE_float("capacity_factor", 1.0, "capacity factor for planning (0 = the config's); 1.0 sizes the "

@@ -46,12 +46,13 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli  # noqa: E402
+from zaya_jax.config import PARAM_SHARDINGS  # noqa: E402
 
 _SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
 _DST = flags.DEFINE_string("dst", None, "Output checkpoint directory (new or empty).")
 _STEP = flags.DEFINE_integer("step", None, "Step to convert (default: newest committed).")
 _MESH = flags.DEFINE_string("mesh", None, "Target mesh, e.g. data:4,expert:2 (unnamed axes = 1; -1 fills).")
-_SHARDING = flags.DEFINE_enum("param_sharding", None, ["zero1", "fsdp", "replicated"], "Target parameter layout.")
+_SHARDING = flags.DEFINE_enum("param_sharding", None, list(PARAM_SHARDINGS), "Target parameter layout.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Cast parameters (and optimizer state) to this.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Export the model to this Hugging Face directory.")
 _HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor names of the export.")

@@ -83,24 +83,28 @@ def _maybe_initialize_distributed() -> None:
                         "JAX_LOCAL_DEVICE_IDS=0,1,...,7 (launch/rocm/env.sh)", jax.local_device_count(), gpus, tasks)
 
 
-def _elastic_shrink(config) -> None:
-    """Elastic restart ($ZAYA_AVAILABLE_DEVICES=n): a mesh of at most n devices the batch still splits over."""
+def _elastic_shrink(config):
+    """Elastic restart ($ZAYA_AVAILABLE_DEVICES=n): a copy of `config` (validated again) with a mesh of at most n
+    devices the batch still splits over; `config` itself when the variable is unset."""
     if (n := elastic.available_devices()) is None:
-        return
+        return config
+    from zaya_jax.config import validate
+
+    config = config.copy_and_resolve_references()
     sizes = elastic.shrink_mesh(config, n)
     used = sizes["data"] * sizes["expert"] * sizes["context"]
     if used < n:  # before jax starts its backend
         elastic.use_devices(used)
         logging.warning("elastic: %d devices available, but the global batch only splits over %d of them", n, used)
     logging.info("elastic: mesh %s", sizes)
+    return validate(config)
 
 
 def main(argv):
     del argv
     from zaya_jax.config import validate
 
-    config = validate(_CONFIG.value)
-    _elastic_shrink(config)
+    config = _elastic_shrink(validate(_CONFIG.value))
     _maybe_initialize_distributed()
     import jax
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import jax
 import numpy as np
 
@@ -11,10 +9,8 @@ from zaya_jax.config import load_config
 
 
 def tiny_config(**model_overrides):
-    """experiments/zaya1_tiny.py with overrides; sizing warnings (expected for toy sizes) silenced."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        config = load_config("experiments/zaya1_tiny.py")
+    """experiments/zaya1_tiny.py with model-field overrides."""
+    config = load_config("experiments/zaya1_tiny.py")
     for key, value in model_overrides.items():
         config.model[key] = value
     return config

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from zaya_jax.config import ConfigError, default_config
+from zaya_jax.config import ConfigError, default_config, validate_balancing
 from zaya_jax.train import balancing as bal
 
 L, E, T = 2, 8, 512  # layers, real experts, tokens per step in the synthetic router
@@ -111,7 +111,7 @@ def test_metrics_and_dropped_fraction():
                                           ("gain_down", 0.0), ("kp", -1.0)])
 def test_bad_config_is_one_clear_error(field, value):
     with pytest.raises(ConfigError, match=f"balancing.{field}"):
-        bal.validate(make_cfg(**{field: value}))
+        validate_balancing(make_cfg(**{field: value}))
 
 
 # ----------------------------------------------------------------------------- closed loop, synthetic router

@@ -10,7 +10,7 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from zaya_jax.config import ConfigError, load_config
+from zaya_jax.config import ConfigError, default_config, load_config
 from zaya_jax.train import schedule
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,3 +93,86 @@ def test_config_flag_selects_phase_and_accepts_overrides():
 def test_data_root_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ZAYA_DATA_ROOT", "/scratch/zaya")
     assert all(s.startswith("/scratch/zaya/") for s in phase("phase2").data.sources)
+
+
+# ----------------------------------------------------------------------------- experiments/zaya1.py variants
+
+ZAYA1 = os.path.join(REPO, "experiments", "zaya1.py")
+WRAPPERS = {"tiny": "zaya1_tiny.py", "demo": "zaya1_demo.py", "100m": "zaya1_100m.py", "h1024": "zaya1_h1024.py",
+            "base": "zaya1_base.py", "phase1": "zaya1_base.py:phase1", "phase2": "zaya1_base.py:phase2",
+            "phase3": "zaya1_base.py:phase3"}
+
+
+@pytest.mark.parametrize("variant", WRAPPERS)
+def test_each_preset_file_is_its_variant(variant):
+    wrapper = load_config(os.path.join(REPO, "experiments", WRAPPERS[variant]))
+    assert wrapper.to_dict() == load_config(f"{ZAYA1}:{variant}").to_dict()
+
+
+def test_presets_differ_and_share_one_default_tree():
+    configs = {name: load_config(f"{ZAYA1}:{name}") for name in ("tiny", "demo", "100m", "h1024", "base")}
+    assert len({c.model.hidden_size for c in configs.values()}) == len(configs)
+    assert configs["demo"].mesh.expert == 4 and configs["demo"].model.dispatch == "ep"
+    assert configs["tiny"].model.vocab_size == configs["demo"].model.vocab_size == 384  # byte-level tokens
+    # base keeps the released architecture: the default model section up to dtype / remat
+    base = configs["base"].model.to_dict()
+    assert {k for k, v in default_config().model.items() if base[k] != v} == {"dtype", "remat"}
+
+
+def test_variant_extras_override_fields():
+    config = load_config(f"{ZAYA1}:tiny,train.steps=5,model.dispatch=ep,optimizer.warmup_steps=2")
+    assert (config.train.steps, config.model.dispatch, config.optimizer.warmup_steps) == (5, "ep", 2)
+    assert load_config(os.path.join(REPO, "experiments", "zaya1_tiny.py:train.steps=70")).train.steps == 70
+    with pytest.raises(ConfigError, match="unknown variant 'huge'.*tiny"):
+        load_config(f"{ZAYA1}:huge")
+    with pytest.raises(ConfigError, match=r"extra 'train\.stepz=5'"):
+        load_config(f"{ZAYA1}:tiny,train.stepz=5")
+
+
+# ----------------------------------------------------------------------------- the config layer
+
+
+def test_config_package_imports_nothing_else_of_zaya_jax():
+    import subprocess
+    import sys
+
+    code = ("import sys, zaya_jax.config as c; c.validate(c.default_config()); "
+            "print(sorted(m for m in sys.modules if m.startswith('zaya_jax') and not m.startswith('zaya_jax.config')"
+            " and m != 'zaya_jax'), 'jax' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "False"]
+
+
+@pytest.mark.parametrize("section, field, value, match", [
+    ("checkpoint", "keep", 0, "checkpoint.keep=0 must be >= 1"),
+    ("checkpoint", "preemption_sync_every", 0, "checkpoint.preemption_sync_every=0 must be >= 1"),
+    ("balancing", "error_shape", "cube", "balancing.error_shape='cube'; choose one of"),
+    ("optimizer", "wsd_decay_shape", "cubic", "optimizer.wsd_decay_shape='cubic'"),
+    ("optimizer", "warmup_steps", 5000, r"optimizer.warmup_steps=5000 must be in \[0, train.steps=1000\]"),
+    ("train", "grad_reduce_dtype", "float16", "train.grad_reduce_dtype='float16'"),
+    ("train", "peak_tflops", -1.0, "train.peak_tflops"),
+    ("data", "eval_fraction", 1.0, "data.eval_fraction"),
+    ("mesh", "context_layout", "striped", "mesh.context_layout='striped'"),
+    ("model", "remat", "some", "model.remat='some'"),
+])
+def test_one_validate_checks_every_section_and_changes_nothing(section, field, value, match):
+    from zaya_jax.config import validate
+
+    config = default_config()
+    before = config.to_dict()
+    assert validate(config) is config and config.to_dict() == before
+    config[section][field] = value
+    with pytest.raises(ConfigError, match=match) as err:
+        validate(config)
+    assert "\n" not in str(err.value)
+
+
+def test_mfu_peak_comes_from_the_config_or_the_table_never_a_benchmark():
+    import jax
+
+    from zaya_jax.train.loop import mesh_peak_flops
+
+    config = default_config()
+    assert jax.default_backend() == "cpu" and mesh_peak_flops(config) is None  # CPU: no table entry, no peak
+    config.train.peak_tflops = 0.5  # measured with launch.bench --suite=gemm; emulated devices share the host
+    assert mesh_peak_flops(config) == pytest.approx(0.5e12 * jax.process_count())

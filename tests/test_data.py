@@ -12,7 +12,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from zaya_jax.data import corpus, defaults, pipeline
+from zaya_jax.data import corpus, pipeline
 from zaya_jax.data import prepare as prep
 from zaya_jax.data.tokenizer import ByteTokenizer, DataError, load_tokenizer
 
@@ -296,12 +296,9 @@ def test_default_corpus_and_unigram_entropy(tmp_path):
 
 
 def test_config_section_and_make_iterators(tmp_path):
-    from zaya_jax.config import ConfigError, default_config
+    from zaya_jax.config import ConfigError, default_config, validate
 
-    config = default_config()
-    if "data" not in config:
-        defaults.add_to(config)
-    defaults.validate(config)
+    config = validate(default_config())
     config.train.seq_len = 32
     config.data.cache_dir = str(tmp_path / "cache")
     config.data.default_corpus_max_bytes = 40_000
@@ -313,8 +310,6 @@ def test_config_section_and_make_iterators(tmp_path):
                                 ("weights", (-1.0,), "non-negative"),
                                 ("eval_fraction", 1.5, "eval_fraction")):
         bad = default_config()
-        if "data" not in bad:
-            defaults.add_to(bad)
         bad.data[field] = value
         with pytest.raises(ConfigError, match=match):
-            defaults.validate(bad)
+            validate(bad)

@@ -33,9 +33,10 @@ def _bad_model():
 
 
 def test_zaya1_base_is_clean():
+    config = load_config(os.path.join(REPO, "experiments", "zaya1_base.py"))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a sizing warning at load would fail here
-        config = load_config(os.path.join(REPO, "experiments", "zaya1_base.py"))
+        warnings.simplefilter("error")  # a sizing warning would fail here
+        assert sizing.warn_model(config) == []
     for hw in sizing.HARDWARE:
         assert sizing.check_model(config.model, hw) == []
         assert sizing.check_model(config, hw) == []
@@ -52,15 +53,28 @@ def test_head_dim_96_and_gpt2_vocab_flagged():
     assert sizing.propose(_bad_model()) == {"head_dim": 128, "vocab_size": 50304}
 
 
-def test_load_config_warns_for_bad_config(tmp_path):
+def test_loading_a_config_does_not_warn_but_the_sizing_warning_does(tmp_path):
     path = tmp_path / "bad.py"
     path.write_text(BAD_CONFIG)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        load_config(str(path))
+        config = load_config(str(path))  # config loading is pure: the training loop warns (sizing.warn_model)
+        assert not [w for w in caught if str(w.message).startswith("sizing:")]
+        sizing.warn_model(config)
     messages = [str(w.message) for w in caught if str(w.message).startswith("sizing:")]
     assert len(messages) == 2
     assert "head_dim=96" in messages[0] and "vocab_size=50257" in messages[1]
+    small = model_config()
+    small.hidden_size, small.head_dim = 256, 96  # below SIZING_MIN_HIDDEN: a CPU / debugging size, no warning
+    assert sizing.warn_model(small) == []
+
+
+def test_mfu_peak_from_the_hardware_table():
+    assert sizing.peak_flops("AMD Instinct MI300X", "bfloat16") == pytest.approx(1307.4e12)
+    assert sizing.peak_flops("AMD Instinct MI300X", "float32") == pytest.approx(163.4e12)
+    assert sizing.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == pytest.approx(989.4e12)
+    assert sizing.hardware_for_device("NVIDIA H200").name == "H200"
+    assert sizing.peak_flops("cpu", "float32") is None  # no table entry: MFU needs a measured peak
 
 
 def test_strict_and_derived_rules():

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 
 from zaya_jax import cluster as cluster_lib
 from zaya_jax import hlo_stats, hlo_text, projection, sizing
-from zaya_jax.config import validate_mesh
+from zaya_jax.config import REMAT_POLICIES, choice_table, validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
@@ -163,15 +163,16 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     attn_square = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full S×S square
     # share of the square XLA computes: all of it (masked), or in the zigzag context layout the 2n+1 causally
     # needed of the 4n² (S/2n)² blocks per device (`zaya_jax.model.cca_context`)
-    n_ctx = int(config.mesh.context) if "mesh" in config else 1
-    zigzag = n_ctx > 1 and config.mesh.get("context_layout", "contiguous") == "zigzag"
+    n_ctx = int(config.mesh.context)
+    zigzag = n_ctx > 1 and config.mesh.context_layout == "zigzag"
     square = (2 * n_ctx + 1) / (4 * n_ctx) if zigzag else 1.0
     attn_fwd_full = square * attn_square
     expert_fwd = 2 * nl * 3 * h * i
     layers_fwd = 2 * (active_matmul_params(m) - m.vocab_size * h) + expert_fwd * (cf - 1) + attn_fwd_full
-    recompute = {"none": 0.0, "dots": 0.0, "full": layers_fwd,
-                 "dots_no_batch": attn_fwd_full + expert_fwd * cf
-                 + 2 * nl * m.cca_time1 * (m.num_q_heads + m.num_kv_heads) * m.head_dim ** 2}[m.remat]
+    recompute = choice_table(REMAT_POLICIES, {
+        "none": 0.0, "dots": 0.0, "full": layers_fwd,
+        "dots_no_batch": attn_fwd_full + expert_fwd * cf
+        + 2 * nl * m.cca_time1 * (m.num_q_heads + m.num_kv_heads) * m.head_dim ** 2})[m.remat]
     out = {
         "model": train_flops_per_token(m, seq) * tokens,
         "attention_masked_half": 3 * (square - 0.5) * attn_square * tokens,

@@ -60,6 +60,7 @@ import ml_collections
 
 from zaya_jax import sizing
 from zaya_jax.cluster import Cluster, Stage
+from zaya_jax.config import CONTEXT_CHUNKS
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.moe import capacity
 from zaya_jax.keys import leaf_name
@@ -217,7 +218,7 @@ def zero1_minimum(config: ml_collections.ConfigDict, params: Any, num_devices: i
     if n_ctx > 1:
         seqs = t.global_batch_size // mb // (int(mesh.data) * n_ep)  # sequences per device per micro-batch
         kv = seqs * t.seq_len * 2 * m.num_kv_heads * m.head_dim * b  # gathered K and V per layer
-        chunks = 2 if mesh.get("context_layout", "contiguous") == "zigzag" else 1
+        chunks = CONTEXT_CHUNKS[mesh.context_layout]
         c = (m.num_q_heads + m.num_kv_heads) * m.head_dim
         halo = seqs * chunks * (conv_halo_len(m.cca_time0, m.cca_time1) * c + m.hidden_size) * b
         runs, ctx = mb * layers * passes, range(0, n_ctx * n_ep, n_ep)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,8 +38,9 @@ class Hardware:
     peak_bf16_flops: float  # dense (no sparsity) bf16 matrix peak, FLOP/s
     hbm_bandwidth: float  # peak HBM bandwidth, bytes/s
     memory_bytes: float  # HBM capacity, bytes
-    vendor_spec: tuple[str, ...] = ("peak_bf16_flops", "hbm_bandwidth", "memory_bytes")
+    vendor_spec: tuple[str, ...] = ("peak_bf16_flops", "hbm_bandwidth", "memory_bytes", "peak_fp32_flops")
     notes: str = ""
+    peak_fp32_flops: float = 0.0  # dense fp32 matrix peak (MI300X: FP32 matrix cores; NVIDIA: FP32 CUDA cores)
 
     @property
     def ridge(self) -> float:
@@ -49,7 +51,8 @@ class Hardware:
         def tag(field: str) -> str:
             return " [vendor spec]" if field in self.vendor_spec else " [estimate]"
 
-        return (f"{self.name}: dense bf16 {self.peak_bf16_flops / 1e12:.1f} TFLOP/s{tag('peak_bf16_flops')}, "
+        fp32 = f", fp32 {self.peak_fp32_flops / 1e12:.1f}{tag('peak_fp32_flops')}" if self.peak_fp32_flops else ""
+        return (f"{self.name}: dense bf16 {self.peak_bf16_flops / 1e12:.1f} TFLOP/s{tag('peak_bf16_flops')}{fp32}, "
                 f"HBM {self.hbm_bandwidth / 1e12:.2f} TB/s{tag('hbm_bandwidth')}, "
                 f"{self.memory_bytes / 1e9:.0f} GB{tag('memory_bytes')}, ridge {self.ridge:.0f} FLOP/B")
 
@@ -57,12 +60,12 @@ class Hardware:
 HARDWARE: dict[str, Hardware] = {
     h.name.lower(): h
     for h in (
-        Hardware("MI300X", "AMD", 1307.4e12, 5.3e12, 192e9,
+        Hardware("MI300X", "AMD", 1307.4e12, 5.3e12, 192e9, peak_fp32_flops=163.4e12,
                  notes="CDNA3, 304 CUs, 256 MB Infinity Cache, 7 xGMI links (AMD's public specifications)"),
-        Hardware("MI325X", "AMD", 1307.4e12, 6.0e12, 256e9, notes="CDNA3, HBM3E"),
-        Hardware("MI355X", "AMD", 2516.6e12, 8.0e12, 288e9, notes="CDNA4, HBM3E, 1.4 kW"),
-        Hardware("H100", "NVIDIA", 989.4e12, 3.35e12, 80e9, notes="SXM5, HBM3"),
-        Hardware("H200", "NVIDIA", 989.4e12, 4.8e12, 141e9, notes="SXM, HBM3E"),
+        Hardware("MI325X", "AMD", 1307.4e12, 6.0e12, 256e9, peak_fp32_flops=163.4e12, notes="CDNA3, HBM3E"),
+        Hardware("MI355X", "AMD", 2516.6e12, 8.0e12, 288e9, peak_fp32_flops=157.3e12, notes="CDNA4, HBM3E, 1.4 kW"),
+        Hardware("H100", "NVIDIA", 989.4e12, 3.35e12, 80e9, peak_fp32_flops=66.9e12, notes="SXM5, HBM3"),
+        Hardware("H200", "NVIDIA", 989.4e12, 4.8e12, 141e9, peak_fp32_flops=66.9e12, notes="SXM, HBM3E"),
     )
 }
 
@@ -75,6 +78,36 @@ def get_hardware(name: str | Hardware) -> Hardware:
     if key not in HARDWARE:
         raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(HARDWARE))}")
     return HARDWARE[key]
+
+
+def hardware_for_device(device_kind: str) -> Hardware | None:
+    """The table entry whose name appears in a `jax.Device.device_kind` (e.g. "AMD Instinct MI300X",
+    "NVIDIA H100 80GB HBM3"); None for devices the table does not know (CPU, other accelerators)."""
+    kind = device_kind.lower().replace(" ", "")
+    return next((h for key, h in HARDWARE.items() if key in kind), None)
+
+
+def peak_flops(device_kind: str, dtype: str) -> float | None:
+    """Dense matrix peak FLOP/s of one device of `device_kind` for compute dtype `dtype` ("bfloat16" |
+    "float32"); None when the table has no entry (then MFU needs a measured peak: `launch.bench --suite=gemm`)."""
+    hw = hardware_for_device(device_kind)
+    if hw is None:
+        return None
+    peak = hw.peak_bf16_flops if dtype == "bfloat16" else hw.peak_fp32_flops
+    return peak or None
+
+
+SIZING_MIN_HIDDEN = 512  # smaller models are CPU / debugging sizes: not meant to be sized for MI300X
+
+
+def warn_model(model_cfg: Any, hardware: str | Hardware = "mi300x") -> list[str]:
+    """`warnings.warn` each sizing violation of a model of hidden size >= SIZING_MIN_HIDDEN ("sizing: ..."; the
+    training loop calls it before it starts; `launch.check_sizing` gives details for models of any size)."""
+    m, _ = _model_section(model_cfg)
+    found = check_model(m, hardware) if int(m.hidden_size) >= SIZING_MIN_HIDDEN else []
+    for violation in found:
+        warnings.warn(f"sizing: {violation}", stacklevel=2)
+    return found
 
 
 def _down(x: int, m: int) -> int:
@@ -171,7 +204,7 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
                     f"{ceiling:.0f} FLOP/B < {hw.name} ridge {hw.ridge:.0f} FLOP/B at any token count, so they "
                     f"stay memory-bound ({ref} rule 5); {fix}", "moe_intermediate_size", need))
 
-    topk = int(m.get("num_experts_per_tok", 1))
+    topk = int(m.num_experts_per_tok)
     if tokens_per_device is not None:
         t = int(tokens_per_device)
         if t % TOKEN_MULTIPLE:
@@ -226,7 +259,7 @@ def ridge_requirement(model_cfg: Any, hardware: str | Hardware = "mi300x") -> st
     m, _ = _model_section(model_cfg)
     hw = get_hardware(hardware)
     h, inter, e = int(m.hidden_size), int(m.moe_intermediate_size), int(m.num_experts)
-    topk = int(m.get("num_experts_per_tok", 1))
+    topk = int(m.num_experts_per_tok)
     te = min_tokens_for_ridge(h, 2 * inter, hw.ridge)
     if not math.isfinite(te):
         return f"expert gate/up GEMM [T_e,{h}]x[{h},{2 * inter}] never reaches the {hw.name} ridge"

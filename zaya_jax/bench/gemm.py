@@ -10,7 +10,8 @@ by the backend):
              `[E,C,H] x [E,H,I]` with C = T/E (balanced routing). Both report useful FLOP/s
              2·T·H·I / t. On XLA:CPU ragged_dot is a masked dense dot doing E x the work
              (on CPU, XLA lowers `ragged_dot` to a dense masked dot).
-`measure_gemm_peak` is the ceiling used for MFU reporting.
+`measure_gemm_peak` is the ceiling of the train benchmark's MFU; on a machine the hardware table
+(`zaya_jax.sizing`) does not know, the square sweep's best TFLOP/s is the value for `train.peak_tflops`.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def measure_gemm_peak(dtype: Any = None, size: int | None = None, warmup: int = 
     """Best achieved FLOP/s of a square `size`^3 GEMM (min time over trials).
 
     Defaults: dtype bf16 on accelerators / f32 on CPU; size 8192 on accelerators / 1024 on CPU.
-    Used as the achievable ceiling for MFU reporting.
+    The achievable ceiling of the train benchmark's MFU (`zaya_jax.bench.train`).
     """
     dtype = jnp.dtype(dtype or common.default_float_dtype())
     if size is None:
@@ -77,7 +78,7 @@ def zaya_shapes(model_cfg: Any = None, tokens: int = 4096, tokens_per_expert: in
     h, hd = int(model_cfg.hidden_size), int(model_cfg.head_dim)
     nq, nkv = int(model_cfg.num_q_heads), int(model_cfg.num_kv_heads)
     inter, e = int(model_cfg.moe_intermediate_size), int(model_cfg.num_experts)
-    topk = int(model_cfg.get("num_experts_per_tok", 1))
+    topk = int(model_cfg.num_experts_per_tok)
     te = tokens_per_expert or max(1, tokens * topk // e)
     t = tokens
     return [

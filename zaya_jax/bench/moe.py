@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from zaya_jax.bench import common
+from zaya_jax.config import CONCRETE_DISPATCHES
 from zaya_jax.model.moe import MoE, capacity
 from zaya_jax.model.zaya import frozen
 from zaya_jax.parallel.mesh import AXES
@@ -30,7 +31,7 @@ from zaya_jax.parallel.mesh import AXES
 COLUMNS = ("dispatch", "devices", "tokens", "hidden", "experts", "expert_width", "dense_width", "capacity_factor",
            "moe_s_median", "moe_s_min", "dense_s_median", "ratio_vs_dense", "expert_work_factor",
            "dropped_fraction", "active_gflop")
-DISPATCHES = ("dense", "ragged", "capacity", "grouped", "ep")
+DISPATCHES = CONCRETE_DISPATCHES  # every dispatch but "auto"
 
 
 def active_flops_per_token(m: ml_collections.ConfigDict) -> tuple[int, int]:

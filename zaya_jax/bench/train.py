@@ -33,6 +33,7 @@ import optax
 from jax.sharding import NamedSharding
 
 from zaya_jax.bench import common, gemm, torch_ref
+from zaya_jax.config import validate
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
 from zaya_jax.parallel import sharding
@@ -72,7 +73,7 @@ def bench_config(config: ml_collections.ConfigDict, *, quick: bool = False, batc
     c.balancing.enabled = False
     c.optimizer.grad_clip_norm = 0.0
     c.mesh.data, c.mesh.expert, c.mesh.context = -1, 1, 1
-    return c
+    return validate(c)
 
 
 def make_batches(vocab: int, batch: int, seq: int, n: int, seed: int = 0) -> list[np.ndarray]:

@@ -80,7 +80,7 @@ class FaultInjector:
 
     @classmethod
     def from_config(cls, config, workdir: str, events: EventLog, *, enabled: bool = True) -> "FaultInjector":
-        spec = ",".join(s for s in (config.checkpoint.get("faults", ""), os.environ.get(FAULTS_ENV, "")) if s)
+        spec = ",".join(s for s in (config.checkpoint.faults, os.environ.get(FAULTS_ENV, "")) if s)
         return cls(parse_faults(spec), workdir, events, enabled=enabled)
 
     def due(self, kind: str, step: int) -> Fault | None:

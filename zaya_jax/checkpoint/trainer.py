@@ -38,12 +38,13 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from zaya_jax.checkpoint import defaults, faults as faults_lib
+from zaya_jax.checkpoint import faults as faults_lib
 from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, Heartbeat
 from zaya_jax.checkpoint.guard import LossGuard
 from zaya_jax.checkpoint.lock import DirLock
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
+from zaya_jax.config import validate_checkpoint
 
 
 def _identity(x):
@@ -59,7 +60,7 @@ class TrainCheckpointer:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, events: EventLog | None = None,
                  heartbeat: Heartbeat | None = None, handle_signals: bool = True):
-        defaults.validate(config)
+        validate_checkpoint(config.checkpoint)
         c = config.checkpoint
         self.config, self.workdir, self.every = config, workdir, int(c.every)
         primary = jax.process_index() == 0
@@ -318,8 +319,5 @@ class TrainCheckpointer:
 
 
 def make_checkpointer(config: ml_collections.ConfigDict, workdir: str, **kwargs) -> TrainCheckpointer:
-    """The loop's checkpointer for `config.checkpoint` (adds the section's defaults if the config lacks it)."""
-    if "checkpoint" not in config:
-        with config.unlocked():
-            defaults.add_to(config)
+    """The loop's checkpointer for `config.checkpoint`."""
     return TrainCheckpointer(config, workdir, **kwargs)

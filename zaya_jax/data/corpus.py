@@ -14,10 +14,11 @@ import sysconfig
 
 import numpy as np
 
+from zaya_jax.config import DEFAULT_CORPUS_MAX_BYTES
 from zaya_jax.data import prepare as prep
 from zaya_jax.data.tokenizer import DataError, Tokenizer
 
-DEFAULT_MAX_BYTES = 8 * 2**20
+DEFAULT_MAX_BYTES = DEFAULT_CORPUS_MAX_BYTES
 SKIP_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "site-packages", "dist-packages",
                        "__pycache__", "lib2to3", "ensurepip", "turtledemo"})
 

@@ -34,19 +34,17 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from zaya_jax.config import CONTEXT_CHUNKS, CONTEXT_LAYOUTS
 from zaya_jax.model.cca import CCA, causal_attention, conv_halo_len
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, in_manual_region
 
 AXIS = "context"
-LAYOUTS = ("contiguous", "zigzag")
-
-
 def chunks_per_device(layout: str) -> int:
     """Sequence chunks each device holds: 1 (contiguous) or 2 (zigzag)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"context layout {layout!r}; choose one of {LAYOUTS}")
-    return 2 if layout == "zigzag" else 1
+    if layout not in CONTEXT_CHUNKS:
+        raise ValueError(f"context layout {layout!r}; choose one of {CONTEXT_LAYOUTS}")
+    return CONTEXT_CHUNKS[layout]
 
 
 def context_size() -> int:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax.config import CONCRETE_DISPATCHES, choice_table
 from zaya_jax.model import layers
 from zaya_jax.model.expert_parallel import ep_dispatch
 from zaya_jax.model.experts import (Dispatch, DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
@@ -110,10 +111,14 @@ def resolve_dispatch(name: str) -> str:
     return "grouped" if jax.default_backend() == "cpu" else "ragged"
 
 
+DISPATCH_TABLE = choice_table(CONCRETE_DISPATCHES, {"dense": dense_dispatch, "ragged": ragged_dispatch,
+                                                     "capacity": capacity_dispatch, "grouped": grouped_dispatch,
+                                                     "ep": ep_dispatch})
+
+
 def get_dispatch(name: str) -> Dispatch:
-    name = resolve_dispatch(name)
-    return {"dense": dense_dispatch, "ragged": ragged_dispatch, "capacity": capacity_dispatch,
-            "grouped": grouped_dispatch, "ep": ep_dispatch}[name]
+    """The dispatch function for `model.dispatch` (`auto` resolved for the active mesh and backend)."""
+    return DISPATCH_TABLE[resolve_dispatch(name)]
 
 
 class MoEStats(NamedTuple):

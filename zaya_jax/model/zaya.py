@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax.config import REMAT_POLICIES as REMAT_NAMES, choice_table
 from zaya_jax.model import layers
 from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.moe import MoE, MoEStats
@@ -23,7 +24,8 @@ from zaya_jax.model import cca_context
 from zaya_jax.parallel.mesh import in_manual_region
 
 STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
-REMAT_POLICIES = {  # matmuls are `layers.einsum` custom-VJP calls: policies save them by name
+REMAT_POLICIES = choice_table(REMAT_NAMES, {  # `layers.einsum` matmuls are saved by checkpoint name
+    "none": None,  # no jax.checkpoint at all
     "full": None,
     "dots": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.checkpoint_dots,
@@ -31,7 +33,7 @@ REMAT_POLICIES = {  # matmuls are `layers.einsum` custom-VJP calls: policies sav
     "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
         jax.checkpoint_policies.save_only_these_names(layers.MATMUL)),
-}
+})
 
 
 def cca_halo(m: ml_collections.ConfigDict) -> int:

@@ -41,25 +41,6 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
     return sizes
 
 
-def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> None:
-    """Raise ConfigError unless `train.seq_len` splits into equal context-parallel chunks of at least the CCA
-    convolution halo (`context` devices; 2·context chunks with the zigzag layout)."""
-    if context <= 1 or "train" not in config:
-        return
-    m, seq = config.model, int(config.train.seq_len)
-    layout = config.mesh.get("context_layout", "contiguous")
-    chunks = context * (2 if layout == "zigzag" else 1)
-    halo = (m.cca_time0 - 1) + (m.cca_time1 - 1)
-    if seq % chunks:
-        raise ConfigError(f"train.seq_len={seq} is not divisible by mesh.context={context}"
-                          + (" x 2 (zigzag layout)" if layout == "zigzag" else "")
-                          + f": context parallelism splits every sequence into {chunks} equal chunks; choose a "
-                          f"multiple of {chunks} or another mesh.context")
-    if seq // chunks < max(halo, 1):
-        raise ConfigError(f"train.seq_len={seq} / {chunks} chunks gives {seq // chunks} tokens per chunk, fewer than "
-                          f"the CCA conv halo ({halo}); use a longer sequence or a smaller mesh.context")
-
-
 def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) -> Mesh:
     """Build the mesh for `config.mesh` over `devices` (default: all devices of all processes)."""
     devices = list(jax.devices()) if devices is None else list(devices)

@@ -23,6 +23,7 @@ import jax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from zaya_jax.config import PARAM_SHARDINGS
 from zaya_jax.keys import path_name
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, active_mesh, in_manual_region
 
@@ -35,7 +36,7 @@ RULES: dict[str, dict[str, tuple[str, ...]]] = {
     "fsdp": {"experts": ("expert",), "embed": ("data",)},
     "activation": {"batch": BATCH_AXES, "seq": ("context",)},
 }
-PARAM_MODES = ("zero1", "fsdp", "replicated")
+PARAM_MODES = PARAM_SHARDINGS  # `train.param_sharding` names
 
 
 def logical_axes(var: nnx.Variable, where: str = "") -> tuple[str | None, ...]:

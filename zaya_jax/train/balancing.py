@@ -25,7 +25,7 @@ u is the gain unit: `gain_units="logit"` sets u = 1/(E+1), the mean router proba
 probabilities of a router near its mean shifts the choice like a logit offset of about δ/u, so gains
 carry over between expert counts); "probability" sets u = 1 (raw β units). `integral_clip` is in β units.
 
-Default (train/defaults.py): PI on the relative error (identity, divided by t) with adaptive gains,
+Default (`zaya_jax.config.balancing_config`): PI on the relative error (identity, divided by t) with adaptive gains,
 recentring, a clipped integral, the skip slot controlled toward t_skip when t_skip > 0 (else it keeps
 β⁰_E, −1 at init: with the mean expert bias held at 0 the skip slot can never win). DeepSeek-V3's
 auxiliary-loss-free rule β ← β + γ·sign(t − f) is the special case φ = sign, K_p = 0, K_i = K_i,max = γ,
@@ -46,10 +46,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from zaya_jax.config import ConfigError
-
-ERROR_SHAPES = ("identity", "sign", "tanh")
-GAIN_UNITS = ("logit", "probability")
+from zaya_jax.config import ERROR_SHAPES, GAIN_UNITS, choice_table
 
 
 class BalancingState(NamedTuple):
@@ -73,30 +70,6 @@ def sign_rule(cfg: ml_collections.ConfigDict, gamma: float = 1e-3) -> ml_collect
     return cfg
 
 
-def validate(cfg: ml_collections.ConfigDict) -> None:
-    """Raise `ConfigError` naming the `balancing.*` field that is out of range."""
-    if cfg.error_shape not in ERROR_SHAPES:
-        raise ConfigError(f"balancing.error_shape={cfg.error_shape!r}; choose one of {ERROR_SHAPES}")
-    if cfg.gain_units not in GAIN_UNITS:
-        raise ConfigError(f"balancing.gain_units={cfg.gain_units!r}; choose one of {GAIN_UNITS}")
-    if cfg.error_shape == "tanh" and cfg.tanh_tau <= 0:
-        raise ConfigError(f"balancing.tanh_tau={cfg.tanh_tau} must be > 0 with error_shape='tanh'")
-    if not 0.0 <= cfg.target_skip < 1.0:
-        raise ConfigError(f"balancing.target_skip={cfg.target_skip} must be in [0, 1)")
-    if cfg.integral_clip < 0:
-        raise ConfigError(f"balancing.integral_clip={cfg.integral_clip} must be >= 0 (0 = no clip)")
-    if cfg.kp < 0 or cfg.ki < 0:
-        raise ConfigError(f"balancing.kp={cfg.kp} and balancing.ki={cfg.ki} must be >= 0")
-    if cfg.ki_max < cfg.ki:
-        raise ConfigError(f"balancing.ki_max={cfg.ki_max} must be >= balancing.ki={cfg.ki} "
-                          "(set them equal for a fixed gain)")
-    if cfg.gain_up < 1 or not 0 < cfg.gain_down <= 1:
-        raise ConfigError(f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down="
-                          f"{cfg.gain_down} in (0, 1]")
-    if cfg.warn_patience < 0:
-        raise ConfigError(f"balancing.warn_patience={cfg.warn_patience} must be >= 0 (0 = no warnings)")
-
-
 def targets(num_classes: int, target_skip: float) -> jax.Array:
     """t [E+1]: (1 − t_skip)/E for the E experts, t_skip for the skip slot."""
     e = num_classes - 1
@@ -111,15 +84,18 @@ def loads(counts: jax.Array) -> jax.Array:
     return jnp.where(n > 0, c / jnp.maximum(n, 1.0), 0.0)
 
 
+_ERROR_SHAPES = choice_table(ERROR_SHAPES, {  # φ(ε, cfg)
+    "identity": lambda e, cfg: e,
+    "sign": lambda e, cfg: jnp.sign(e),
+    "tanh": lambda e, cfg: jnp.tanh(e / cfg.tanh_tau),
+})
+_GAIN_UNITS = choice_table(GAIN_UNITS, {"logit": lambda num_classes: 1.0 / num_classes,
+                                        "probability": lambda num_classes: 1.0})
+
+
 def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) -> jax.Array:
     """φ(ε), optionally divided by the target (zero targets use the expert target)."""
-    validate(cfg)
-    if cfg.error_shape == "identity":
-        out = err
-    elif cfg.error_shape == "sign":
-        out = jnp.sign(err)
-    else:
-        out = jnp.tanh(err / cfg.tanh_tau)
+    out = _ERROR_SHAPES[cfg.error_shape](err, cfg)
     if cfg.normalize_by_target:
         out = out / jnp.where(t > 0, t, t[0])
     return out
@@ -127,7 +103,7 @@ def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) ->
 
 def gain_unit(cfg: ml_collections.ConfigDict, num_classes: int) -> float:
     """u: 1/(E+1) for `gain_units="logit"` (the mean router probability), 1 for "probability"."""
-    return 1.0 / num_classes if cfg.gain_units == "logit" else 1.0
+    return _GAIN_UNITS[cfg.gain_units](num_classes)
 
 
 def skip_controlled(cfg: ml_collections.ConfigDict) -> bool:

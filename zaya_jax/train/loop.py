@@ -20,6 +20,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
+from zaya_jax import sizing
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
@@ -61,10 +62,23 @@ def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: 
     return ce / max(tokens, 1.0)
 
 
-def _peak_flops() -> float:
-    from zaya_jax.bench.gemm import measure_gemm_peak
+MEASURE_PEAK_HINT = ("MFU is not reported: no peak for device kind {kind!r} in the hardware table "
+                     "(zaya_jax.sizing.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
+                     "square GEMM's tflops_best, in TFLOP/s) and pass it as --config.train.peak_tflops=<value>")
 
-    return measure_gemm_peak()
+
+def mesh_peak_flops(config: ml_collections.ConfigDict) -> float | None:
+    """Peak FLOP/s of all the devices the step runs on, the denominator of MFU (no benchmark is run).
+
+    Per device: `train.peak_tflops` when > 0, else the hardware table for the device kind and `model.dtype`
+    (`zaya_jax.sizing.peak_flops`); None when neither is known (CPU). Accelerators count every device; emulated
+    CPU devices share their host's cores, so on CPU a (measured) peak counts once per process.
+    """
+    device = jax.devices()[0]
+    peak = float(config.train.peak_tflops) * 1e12 or sizing.peak_flops(device.device_kind, config.model.dtype)
+    if not peak:
+        return None
+    return peak * (jax.process_count() if device.platform == "cpu" else jax.device_count())
 
 
 def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any = None,
@@ -73,6 +87,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
     from zaya_jax.data.pipeline import make_iterators
 
     t, hooks = config.train, hooks or []
+    sizing.warn_model(config.model)
     mesh = make_mesh(config)
     train_iter, eval_iter, data_dirs = make_iterators(config)
     training = prepare(config, mesh)
@@ -81,10 +96,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         state = checkpointer.restore_or_keep(state, training.shardings, train_iter, codec=training)
     eval_step = make_eval_step(graphdef, mesh, config)
     lr_fns = schedule.learning_rate_schedules(config)
-    writer = MetricWriter(workdir, run_name=t.get("run_name", ""))
+    writer = MetricWriter(workdir, run_name=t.run_name)
     monitor = health.BalanceMonitor(config.balancing, config.model)
     flops_per_token = train_flops_per_token(config.model, t.seq_len)
-    peak = _peak_flops()
+    peak = mesh_peak_flops(config)
+    if peak is None and jax.process_index() == 0:
+        logging.info(MEASURE_PEAK_HINT.format(kind=jax.devices()[0].device_kind))
     start = int(state.step)
     show = not quiet and jax.process_index() == 0
     if show:
@@ -102,8 +119,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
             now = time.perf_counter()
             tps = last["tokens"] / max(now - last["time"], 1e-9)
             metrics.pop("lr", None)  # the step's Muon LR; both are logged from the host schedules
-            metrics.update(tokens_per_s=tps, mfu=tps * flops_per_token / peak, global_batch=global_batch,
-                           **learning_rates(lr_fns, step))
+            metrics.update(tokens_per_s=tps, global_batch=global_batch, **learning_rates(lr_fns, step))
+            if peak is not None:
+                metrics["mfu"] = tps * flops_per_token / peak
             row = writer.write(step + 1, metrics)
             bar.set_postfix(health.progress_fields(row, tps))
             for msg in monitor.update(step + 1, row) if writer.enabled else ():

@@ -213,7 +213,7 @@ def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = No
                                consistent_rms=float(o.muon_consistent_rms),
                                ns_dtype=jnp.dtype(config.model.dtype))],
         None), optax.scale_by_learning_rate(lrs["muon"]))
-    adam_mask = lambda p: decay_mask(p, decay_embedding=bool(o.get("decay_embedding", False)),  # noqa: E731
+    adam_mask = lambda p: decay_mask(p, decay_embedding=bool(o.decay_embedding),  # noqa: E731
                                      muon_conv=muon_conv)
     adam_tx = optax.chain(*decay([optax.scale_by_adam(b1=o.adam_b1, b2=o.adam_b2, eps=o.adam_eps)], adam_mask),
                           optax.scale_by_learning_rate(lrs["adam"]))

@@ -25,25 +25,21 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from zaya_jax.config import ConfigError
-from zaya_jax.parallel.mesh import check_sequence_split
-
-DECAY_SHAPES = ("linear", "sqrt")
+from zaya_jax.config import DECAY_SHAPES, SCHEDULES, ConfigError, check_sequence_split, choice_table
 
 
 def _wsd(peak: float, steps: int, warmup: int, decay_fraction: float, min_ratio: float,
          shape: str) -> optax.Schedule:
     """Warmup-stable-decay: 0 →(linear, `warmup`) peak → hold → decay over the last
     `round(decay_fraction · steps)` steps to `min_ratio · peak` (value reached at `steps`)."""
-    if shape not in DECAY_SHAPES:
-        raise ConfigError(f"optimizer.wsd_decay_shape={shape!r}; choose one of {DECAY_SHAPES}")
+    shape_fn = _DECAY_SHAPES[shape]
     decay_start = max(warmup, steps - max(1, int(round(decay_fraction * steps))))
     decay = max(1, steps - decay_start)
     end = min_ratio * peak
 
     def decay_fn(count):
         u = jnp.clip(count / decay, 0.0, 1.0)
-        frac = u if shape == "linear" else jnp.sqrt(u)
+        frac = shape_fn(u)
         return end + (peak - end) * (1.0 - frac)
 
     return optax.join_schedules(
@@ -52,26 +48,34 @@ def _wsd(peak: float, steps: int, warmup: int, decay_fraction: float, min_ratio:
     )
 
 
-def make_schedule(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
-    """One schedule with peak `peak` following `opt.schedule` over `steps` optimizer steps."""
+_DECAY_SHAPES = choice_table(DECAY_SHAPES, {"linear": lambda u: u, "sqrt": jnp.sqrt})  # fraction of the decay done
+
+
+def _warmup_cosine(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
     warmup = int(opt.warmup_steps)
-    if warmup < 0 or (steps > 0 and warmup > steps):
-        raise ConfigError(f"optimizer.warmup_steps={warmup} must be in [0, train.steps={steps}]")
-    if opt.schedule == "warmup_cosine":
-        return optax.warmup_cosine_decay_schedule(
-            init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=max(steps, warmup + 1),
-            end_value=opt.min_lr_ratio * peak)
-    if opt.schedule == "wsd":
-        if not 0.0 < opt.decay_fraction <= 1.0:
-            raise ConfigError(f"optimizer.decay_fraction={opt.decay_fraction} must be in (0, 1]")
-        return _wsd(peak, steps, warmup, opt.decay_fraction, opt.min_lr_ratio,
-                    opt.get("wsd_decay_shape", "linear"))
-    if opt.schedule == "constant":
-        if warmup == 0:
-            return optax.constant_schedule(peak)
-        return optax.join_schedules(
-            [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
-    raise ConfigError(f"optimizer.schedule={opt.schedule!r}; choose one of warmup_cosine, wsd, constant")
+    return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=peak, warmup_steps=warmup,
+                                              decay_steps=max(steps, warmup + 1), end_value=opt.min_lr_ratio * peak)
+
+
+def _constant(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
+    warmup = int(opt.warmup_steps)
+    if warmup == 0:
+        return optax.constant_schedule(peak)
+    return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
+
+
+_SCHEDULES = choice_table(SCHEDULES, {
+    "warmup_cosine": _warmup_cosine,
+    "wsd": lambda opt, steps, peak: _wsd(peak, steps, int(opt.warmup_steps), opt.decay_fraction, opt.min_lr_ratio,
+                                         opt.wsd_decay_shape),
+    "constant": _constant,
+})
+
+
+def make_schedule(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
+    """One schedule with peak `peak` following `opt.schedule` over `steps` optimizer steps (`opt` validated by
+    `zaya_jax.config.validate_optimizer`)."""
+    return _SCHEDULES[opt.schedule](opt, steps, peak)
 
 
 def learning_rate_schedules(config: ml_collections.ConfigDict) -> dict[str, optax.Schedule]:
@@ -88,13 +92,8 @@ def learning_rate_schedules(config: ml_collections.ConfigDict) -> dict[str, opta
 
 
 def _stages(train_cfg: ml_collections.ConfigDict) -> list[tuple[int, int]]:
-    stages = [(int(s), int(b)) for s, b in train_cfg.batch_ramp]
-    starts = [s for s, _ in stages]
-    if starts != sorted(starts) or len(set(starts)) != len(starts) or any(s < 0 for s in starts):
-        raise ConfigError(f"train.batch_ramp start steps must be distinct, >= 0 and increasing, got {starts}")
-    if any(b < 1 for _, b in stages):
-        raise ConfigError(f"train.batch_ramp batch sizes must be >= 1, got {[b for _, b in stages]}")
-    return stages
+    """(start, batch) stages of a validated `train.batch_ramp` (`zaya_jax.config.validate_train`)."""
+    return [(int(s), int(b)) for s, b in train_cfg.batch_ramp]
 
 
 def batch_size_at(step: int, train_cfg: ml_collections.ConfigDict) -> int:
@@ -148,8 +147,6 @@ def validate_batch_ramp(train_cfg: ml_collections.ConfigDict, dp_size: int) -> N
     if dp_size < 1:
         raise ConfigError(f"data-parallel size must be >= 1, got {dp_size}")
     mb = int(train_cfg.microbatches)
-    if mb < 1:
-        raise ConfigError(f"train.microbatches={mb} must be >= 1")
     need = dp_size * mb
     checks = [("train.global_batch_size" if not train_cfg.batch_ramp or train_cfg.batch_ramp[0][0] > 0
                else "train.batch_ramp stage at step 0", batch_size_at(0, train_cfg))]
