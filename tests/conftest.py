@@ -14,3 +14,8 @@ from absl import flags  # noqa: E402
 
 # Grain worker processes and absl-aware code read flags; mark them parsed outside absl.app.run.
 flags.FLAGS.mark_as_parsed()
+
+import jax  # noqa: E402
+
+# Broadcasting between arrays of different ranks must be explicit in library and test code (`layers.lead`).
+jax.config.update("jax_numpy_rank_promotion", "raise")

@@ -33,12 +33,12 @@ def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Arra
     n_groups, d = w2.shape[1], w2.shape[2]
     dt = c_padded.dtype
     len_y = c_padded.shape[1] - k0 + 1
-    y = b1 + sum(c_padded[:, tau:tau + len_y] * w1[tau] for tau in range(k0))  # [B, S + k1 - 1, C]
+    y = layers.lead(b1, 3) + sum(c_padded[:, tau:tau + len_y] * layers.lead(w1[tau], 3) for tau in range(k0))  # [B, S + k1 - 1, C]
     seq = len_y - k1 + 1
     b = y.shape[0]
     y = y.reshape(b, -1, n_groups, d).transpose(2, 0, 1, 3)  # [G_c, B, S + k1 - 1, d]: groups lead (batch dim)
     z = sum(layers.einsum("gbti,gio->gbto", y[:, :, tau:tau + seq], w2[tau], dt) for tau in range(k1))
-    return z.transpose(1, 2, 0, 3).reshape(b, seq, n_groups * d) + b2.astype(jnp.float32)
+    return z.transpose(1, 2, 0, 3).reshape(b, seq, n_groups * d) + layers.lead(b2.astype(jnp.float32), 3)
 
 
 def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
@@ -130,7 +130,7 @@ class CCA(nnx.Module):
         m = self.cfg
         scale = math.sqrt(m.head_dim)
         qn = l2_normalize(q, scale, m.qk_norm_eps)
-        kn = l2_normalize(k, scale, m.qk_norm_eps) * self.temp[...].astype(jnp.float32)[:, None]
+        kn = l2_normalize(k, scale, m.qk_norm_eps) * layers.lead(self.temp[...].astype(jnp.float32)[:, None], k.ndim)
         cos, sin = layers.rope_tables(positions, int(m.head_dim * m.partial_rotary_factor), m.rope_theta)
         return layers.apply_partial_rope(qn, cos, sin), layers.apply_partial_rope(kn, cos, sin)
 

@@ -190,8 +190,8 @@ def zigzag_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype, idx: jax.A
     ks = jnp.take(k.reshape(b, 2 * n, c, n_kv, d), k_chunk, axis=1).astype(jnp.float32)  # [B, J, c, n_kv, d]
     vs = jnp.take(v.reshape(b, 2 * n, c, n_kv, d), k_chunk, axis=1).astype(dtype)
     logits = jnp.einsum("bjqkgd,bjskd->bjkgqs", qs, ks) / math.sqrt(d)
-    q_pos = q_chunk[:, None] * c + jnp.arange(c)  # [J, c]
-    k_pos = k_chunk[:, None] * c + jnp.arange(c)
+    q_pos = q_chunk[:, None] * c + jnp.arange(c)[None, :]  # [J, c]
+    k_pos = k_chunk[:, None] * c + jnp.arange(c)[None, :]
     mask = k_pos[:, None, :] <= q_pos[:, :, None]  # [J, c_q, c_k]; every row keeps ≥ 1 key
     logits = jnp.where(mask[None, :, None, None], logits, -jnp.inf)
     m = jax.lax.stop_gradient(jnp.max(logits, axis=-1))  # [B, J, n_kv, g, c] (any shift is exact)

@@ -106,11 +106,17 @@ def _varying_axes(x: jax.Array) -> frozenset:
 _mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
+def lead(w: jax.Array, ndim: int) -> jax.Array:
+    """`w` [..., D] with size-1 leading axes added up to `ndim` dims: explicit broadcasting (tests run with
+    jax_numpy_rank_promotion='raise'). E.g. a norm weight [H] → [1, 1, H] against [B, S, H]."""
+    return w.reshape((1,) * (ndim - w.ndim) + w.shape)
+
+
 def rms_norm(x: jax.Array, weight: jax.Array, eps: float, dtype) -> jax.Array:
     """`w ⊙ cast(x · rsqrt(mean(x²) + eps))` with fp32 statistics (§4). x: [..., D] → [..., D] in `dtype`."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return weight.astype(dtype) * normed.astype(dtype)
+    return lead(weight.astype(dtype), normed.ndim) * normed.astype(dtype)
 
 
 class RMSNorm(nnx.Module):
@@ -138,7 +144,7 @@ class Merge(nnx.Module):
         self.r_bias = const_param((dim,), 0.0, param_dtype, ("embed",))
 
     def __call__(self, y: jax.Array, r: jax.Array) -> jax.Array:
-        f32 = lambda v: v[...].astype(jnp.float32)  # noqa: E731
+        f32 = lambda v: lead(v[...].astype(jnp.float32), y.ndim)  # noqa: E731
         y = (y.astype(jnp.float32) + f32(self.h_bias)) * f32(self.h_scale)
         return y + (r.astype(jnp.float32) + f32(self.r_bias)) * f32(self.r_scale)
 
@@ -146,7 +152,7 @@ class Merge(nnx.Module):
 def rope_tables(positions: jax.Array, rotary_dims: int, theta: float) -> tuple[jax.Array, jax.Array]:
     """cos/sin tables [..., S, rotary_dims/2] in fp32 for integer positions [..., S] (§5g)."""
     inv_freq = 1.0 / (theta ** (jnp.arange(0, rotary_dims, 2, dtype=jnp.float32) / rotary_dims))
-    phase = positions.astype(jnp.float32)[..., None] * inv_freq
+    phase = positions.astype(jnp.float32)[..., None] * lead(inv_freq, positions.ndim + 1)
     return jnp.cos(phase), jnp.sin(phase)
 
 

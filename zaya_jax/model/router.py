@@ -36,7 +36,7 @@ def choose(probs: jax.Array, bias: jax.Array) -> tuple[jax.Array, jax.Array]:
 
     probs: [..., E+1] fp32, bias: [E+1] fp32 → (choice [...] int32, gate [...] fp32).
     """
-    choice = jnp.argmax(jax.lax.stop_gradient(probs) + bias, axis=-1).astype(jnp.int32)
+    choice = jnp.argmax(jax.lax.stop_gradient(probs) + layers.lead(bias, probs.ndim), axis=-1).astype(jnp.int32)
     gate = jnp.take_along_axis(probs, choice[..., None], axis=-1)[..., 0]
     return choice, gate
 
@@ -64,9 +64,10 @@ class Router(nnx.Module):
 
     def __call__(self, x: jax.Array, state_prev: jax.Array) -> Routing:
         """x: [..., H] normed MoE input; state_prev: [..., R] fp32 (zeros for the first MoE layer)."""
-        f32 = lambda v: v[...].astype(jnp.float32)  # noqa: E731
+        f32 = lambda v: layers.lead(v[...].astype(jnp.float32), x.ndim)  # noqa: E731 (params [D] → [1.., D])
         dt = self.dtype
-        a = layers.mm(x, self.w_down[...], dt) + f32(self.b_down)
+        a = layers.mm(x, self.w_down[...], dt)
+        a = a + f32(self.b_down)
         a = a + f32(self.eda_scale) * state_prev
         u = layers.rms_norm(a, f32(self.norm), self.eps, jnp.float32)
         u = jax.nn.gelu(layers.mm(u, self.w1[...], dt) + f32(self.b1), approximate=False)

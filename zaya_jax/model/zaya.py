@@ -134,7 +134,8 @@ class Zaya(nnx.Module):
         """Token embedding plus the input bias, times the input scale: [B, S] ids → fp32 residual [B, S, H]."""
         # gather from an fp32 view: the backward scatter-adds token cotangents in fp32, not in the compute dtype
         e = jnp.take(self.embed[...].astype(jnp.float32), input_ids, axis=0)
-        return (e + self.in_bias[...].astype(jnp.float32)) * self.in_scale[...].astype(jnp.float32)
+        return ((e + layers.lead(self.in_bias[...].astype(jnp.float32), e.ndim))
+                * layers.lead(self.in_scale[...].astype(jnp.float32), e.ndim))
 
     def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
                       context_layout: str = "contiguous", run_layers: "LayerRunner | None" = None):

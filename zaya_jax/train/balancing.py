@@ -97,7 +97,8 @@ def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) ->
     """φ(ε), optionally divided by the target (zero targets use the expert target)."""
     out = _ERROR_SHAPES[cfg.error_shape](err, cfg)
     if cfg.normalize_by_target:
-        out = out / jnp.where(t > 0, t, t[0])
+        denom = jnp.where(t > 0, t, t[0])
+        out = out / denom.reshape((1,) * (out.ndim - denom.ndim) + denom.shape)
     return out
 
 
@@ -168,7 +169,7 @@ def update_biases(state: BalancingState, counts: jax.Array, cfg: ml_collections.
     n = c.sum(-1, keepdims=True)
     # ε = t − c/N written as (t·N − c)/N: a balanced slot gives exactly 0 (sign 0) whenever t·N is exact;
     # XLA may turn c/N into c·(1/N), which is not exact.
-    err = jnp.where(n > 0, (t * n - c) / jnp.maximum(n, 1.0), 0.0)
+    err = jnp.where(n > 0, (t[None, :] * n - c) / jnp.maximum(n, 1.0), 0.0)
     shaped = shape_error(err, cfg, t)
     if not skip_controlled(cfg):
         shaped = shaped.at[:, -1].set(0.0)
