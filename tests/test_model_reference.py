@@ -383,7 +383,7 @@ def test_scan_equals_unrolled_loop_and_numpy(skip_output):
     ids = np.random.default_rng(61).integers(0, m.vocab_size, size=(2, 7))
     out = jit_call("forward")(model, jnp.asarray(ids))
     # unrolled: the same per-layer modules, called one after another in Python
-    r = (model.embed[...][ids] + model.in_bias[...]) * model.in_scale[...]
+    r = (model.embed[...][ids] + model.in_bias[...][None, None]) * model.in_scale[...][None, None]
     state = jnp.zeros((2, 7, m.router_hidden_size))
     graphdef, stacked = nnx.split(model.layers)
     counts = []

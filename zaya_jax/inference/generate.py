@@ -58,7 +58,7 @@ def filter_logits(logits: jax.Array, temperature: jax.Array | float, top_k: jax.
     logits = logits.astype(jnp.float32) / temperature
     vocab = logits.shape[-1]
     srt = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
-    rank = jnp.arange(vocab)
+    rank = jnp.arange(vocab).reshape((1,) * (logits.ndim - 1) + (vocab,))  # explicit broadcast over [B]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     in_k = rank < k
     probs = jax.nn.softmax(jnp.where(in_k, srt, -jnp.inf), axis=-1)
