@@ -15,28 +15,9 @@
 does not split over it) is refused before anything is read (`zaya_jax.parallel.mesh.check_layout`).
 """
 
-from launch.cpu_devices import emulate_from_argv, peek_cpu_devices
+from launch.cpu_devices import prepare_host
 
-
-def _mesh_devices(argv: list[str]) -> int:
-    for arg in argv:
-        if arg.startswith("--mesh="):
-            try:
-                sizes = [int(part.split(":", 1)[1]) for part in arg.split("=", 1)[1].split(",") if part]
-            except (IndexError, ValueError):
-                return 8
-            if sizes and all(s > 0 for s in sizes):
-                product = 1
-                for s in sizes:
-                    product *= s
-                return product
-    return 8
-
-
-if __name__ == "__main__":
-    import sys as _sys
-
-    emulate_from_argv(default=peek_cpu_devices(_sys.argv, _mesh_devices(_sys.argv)))
+prepare_host()
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -45,7 +26,7 @@ import warnings  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from launch import cli  # noqa: E402
+from launch import cli, cpu_devices  # noqa: E402
 
 _SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
 _DST = flags.DEFINE_string("dst", None, "Output checkpoint directory (new or empty).")
@@ -58,25 +39,18 @@ _HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor name
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Import this Hugging Face directory as step 0 into --dst.")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config for --from_hf (default: defaults + "
                                           "the HF model).", lock_config=True)
-flags.DEFINE_integer("cpu_devices", None, "Emulated CPU devices (default: the --mesh product, else 8).")
+cpu_devices.define_flag(None, "Emulated CPU devices (default: the --mesh product, else 8; wins over XLA_FLAGS' "
+                               "device count when given).")
 
 GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "num_experts",
             "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1", "partial_rotary_factor")
 
 
 def parse_mesh(spec: str) -> dict[str, int]:
-    """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2}."""
-    from zaya_jax.checkpoint import CheckpointConfigError
-    from zaya_jax.parallel.mesh import AXES
+    """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2} (`zaya_jax.parallel.mesh.parse_mesh_spec`)."""
+    from zaya_jax.parallel.mesh import parse_mesh_spec
 
-    sizes = dict.fromkeys(AXES, 1)
-    for part in filter(None, spec.split(",")):
-        name, sep, value = part.partition(":")
-        if not sep or name not in AXES or not value.lstrip("-").isdigit():
-            raise CheckpointConfigError(f"--mesh={spec!r}: expected comma-separated axis:size with axes {AXES}, "
-                                  "e.g. data:4,expert:2")
-        sizes[name] = int(value)
-    return sizes
+    return parse_mesh_spec(spec)
 
 
 def _fresh_dir(path: str, flag: str) -> str:
@@ -216,10 +190,22 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
     return {"dst": dst, "step": 0, "mesh": meta["mesh"], "bytes": info["bytes"]}
 
 
+def _default_devices() -> None:
+    """Without --cpu_devices: as many emulated devices as --mesh uses (else 8), unless the environment sets a count."""
+    if flags.FLAGS.cpu_devices is not None:
+        return
+    sizes = parse_mesh(_MESH.value) if _MESH.value else {}
+    product = 1
+    for size in sizes.values():
+        product *= size
+    cpu_devices.emulate(product if sizes and min(sizes.values()) > 0 else 8, explicit=False)
+
+
 def main(argv) -> None:
     del argv
     from zaya_jax.config import validate
 
+    _default_devices()
     src, dst, to_hf, from_hf = _SRC.value, _DST.value, _TO_HF.value, _FROM_HF.value
     if from_hf:
         if src or to_hf or not dst:

@@ -171,8 +171,37 @@ def _warn_sizing(m: ml_collections.ConfigDict) -> None:
         warnings.warn(f"sizing: {violation}", stacklevel=3)
 
 
+CONFIGS = "experiments"  # where the experiment configs live in a checkout (and as zaya_jax/experiments installed)
+
+
+def installed_configs_dir() -> str | None:
+    """The experiment configs shipped with the package: `zaya_jax/experiments/` of an installed package (setup.cfg
+    maps the checkout's `experiments/` there), else the checkout's `experiments/`."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    for directory in (os.path.join(package, CONFIGS), os.path.join(os.path.dirname(package), CONFIGS)):
+        if os.path.isdir(directory):
+            return directory
+    return None
+
+
+def resolve_config_path(spec: str) -> str:
+    """`experiments/NAME.py[:arg]` → the installed copy of NAME.py when the path does not exist relative to the
+    working directory (e.g. after `pip install .`, run from another directory); any other spec unchanged."""
+    path, sep, arg = spec.partition(":")
+    if os.path.exists(spec) or os.path.exists(path) or os.path.isabs(path):
+        return spec
+    norm = os.path.normpath(path)
+    directory = installed_configs_dir()
+    if directory is None or not norm.startswith(CONFIGS + os.sep):
+        return spec
+    candidate = os.path.join(directory, os.path.relpath(norm, CONFIGS))
+    return candidate + sep + arg if os.path.exists(candidate) else spec
+
+
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """Load `get_config(arg)` from a Python config file (the big_vision / config_flags convention)."""
+    """Load `get_config(arg)` from a Python config file (the big_vision / config_flags convention); `path` may
+    carry `:arg` and is looked up with `resolve_config_path`."""
+    path = resolve_config_path(path)
     if ":" in path and not os.path.exists(path):
         path, arg = path.split(":", 1)
     if not os.path.exists(path):

@@ -25,6 +25,19 @@ AXES = ("data", "context", "expert")
 BATCH_AXES = ("data", "expert")
 
 
+def parse_mesh_spec(text: str) -> dict[str, int]:
+    """The launchers' one mesh syntax: 'data:4,expert:2' → {'data': 4, 'context': 1, 'expert': 2} (axes not named
+    are 1; one size may be -1 to fill the devices). Raises a one-line ConfigError."""
+    sizes = dict.fromkeys(AXES, 1)
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        name, sep, value = part.partition(":")
+        if not sep or name.strip() not in AXES or not value.strip().lstrip("-").isdigit():
+            raise ConfigError(f"mesh {text!r}: {part!r} is not axis:size; use comma-separated axis:size with axes "
+                              f"{', '.join(AXES)}, e.g. data:4,expert:2")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
 def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
     """Sizes for `AXES`, with one `-1` replaced by what fills `num_devices`. Raises ConfigError if it doesn't fit."""
     sizes = {name: int(mesh_cfg[name]) for name in AXES}
