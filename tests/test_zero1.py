@@ -83,9 +83,11 @@ def references():
     return out
 
 
-@pytest.mark.parametrize("data,expert", [(1, 1), (8, 1), (4, 2), (2, 4), (3, 1), (6, 1)])
-def test_zero1_gradients_equal_single_device_dense(references, data, expert):
-    config = _config(data, expert)
+@pytest.mark.parametrize("data,expert,remat", [(1, 1, "none"), (8, 1, "none"), (4, 2, "full"), (2, 4, "none"),
+                                               (3, 1, "full"), (6, 1, "none")])
+def test_zero1_gradients_equal_single_device_dense(references, data, expert, remat):
+    """remat=full: the layers' gradients are accumulated inside the backward pass (train.accumulate)."""
+    config = _config(data, expert, remat=remat)
     mesh, training = _setup(config)
     loss, grads, counts, dropped = jax.device_get(
         make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, _batch(config)))
@@ -94,6 +96,24 @@ def test_zero1_gradients_equal_single_device_dense(references, data, expert):
     assert_trees_close(grads, ref_grads, 1e-5, f"mesh {data}x{expert}")
     np.testing.assert_array_equal(counts, ref_counts)
     assert int(np.sum(dropped)) == 0
+
+
+def test_zero1_gradients_with_context_parallelism():
+    """1 data × 4 context (zigzag) × 2 expert, fused accumulation: the sequence split over devices changes
+    nothing."""
+    config = _config(1, 2, remat="full")
+    config.mesh.context, config.mesh.context_layout, config.train.seq_len = 4, "zigzag", 64
+    mesh = make_mesh(config)
+    training = prepare(config, mesh)
+    reference = _config(1, dispatch="dense")
+    reference.train.seq_len = 64
+    batch = _batch(reference)
+    ref_loss, ref_grads, ref_counts, _ = mean_loss_and_grads(reference, jax.devices()[:1], batch)
+    loss, grads, counts, dropped = jax.device_get(
+        make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, batch))
+    assert rel_err(loss, ref_loss) <= 1e-5
+    assert_trees_close(grads, ref_grads, 1e-5, "context x expert")
+    np.testing.assert_array_equal(counts, ref_counts)
 
 
 def _train(config, steps: int = 2):

@@ -10,6 +10,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 
 class BalancingBias(nnx.Variable):
@@ -44,11 +45,20 @@ def const_param(shape: tuple[int, ...], value: float, dtype, axes: tuple[str, ..
     return param(jnp.full(shape, value, dtype=dtype), axes)
 
 
+MATMUL, BATCHED_MATMUL = "matmul", "batched_matmul"  # `checkpoint_name`s of einsum outputs (remat policies)
+
+
 def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     """`jnp.einsum(spec, a, b)` as the hardware's mixed-precision GEMM: operands in the compute `dtype`, fp32
     accumulation and result (§9). The backward GEMMs are mixed-precision too (the fp32 cotangent is cast to
-    `dtype`); plain autodiff would upcast the saved operands and run them in fp32."""
-    return _mixed_einsum(spec, a.astype(dtype), b.astype(dtype))
+    `dtype`); plain autodiff would upcast the saved operands and run them in fp32. The output is named
+    `MATMUL` (or `BATCHED_MATMUL` when an index appears in both operands and the output) so remat policies
+    can save it."""
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    batched = bool(set(sa) & set(sb) & set(out) - set("."))
+    y = _mixed_einsum(spec, a.astype(dtype), b.astype(dtype))
+    return checkpoint_name(y, BATCHED_MATMUL if batched else MATMUL)
 
 
 def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:

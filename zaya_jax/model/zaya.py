@@ -23,10 +23,14 @@ from zaya_jax.parallel import context
 from zaya_jax.parallel.mesh import in_manual_region
 
 STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
-REMAT_POLICIES = {
+REMAT_POLICIES = {  # matmuls are `layers.einsum` custom-VJP calls: policies save them by name
     "full": None,
-    "dots": jax.checkpoint_policies.checkpoint_dots,
-    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    "dots": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.checkpoint_dots,
+        jax.checkpoint_policies.save_only_these_names(layers.MATMUL, layers.BATCHED_MATMUL)),
+    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        jax.checkpoint_policies.save_only_these_names(layers.MATMUL)),
 }
 
 

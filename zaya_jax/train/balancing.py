@@ -1,32 +1,47 @@
-"""PID controller for the router balancing biases β (`zaya1-architecture.md` §6, §13.1).
+"""Expert-balancing controller for the router biases β (ZAYA1, arXiv 2511.17127; docs/balancing.md).
 
-DESIGN PROPOSAL, not ZAYA1's (unpublished) rule. Per MoE layer, outside autodiff, after each
-optimizer step, from the global choice counts c [L, E+1] (slot E = skip, counted before any
-capacity drop, summed over microbatches and all data-like mesh axes):
+ZAYA1 balances its experts without an auxiliary loss: a bias β_e added to the router probabilities
+changes which expert a token picks (never its gate), and a controller moves β from the observed loads.
+The paper calls the controller PID-like but does not publish it; this is the project's design.
+
+Per MoE layer, outside autodiff, after each optimizer step, from the global choice counts c [L, E+1]
+(slot E = skip, counted before any capacity drop, summed over micro-batches and data-like mesh axes):
 
     f_e = c_e / N                      N = Σ_e c_e (tokens per layer)
     t_e = (1 − t_skip) / E  (e < E),   t_E = t_skip
     ε   = t − f                        positive = under-loaded → raise β_e
     ε̃   = φ(ε) [/ t]                   φ ∈ {identity, sign, tanh(·/τ)}; optional division by t
-    S   ← clip(S + ε̃, ±S_max)          S_max = integral_clip, 0 = no clip
-    S_e ← S_e − mean_{e<E} S_e         optional (recenter), real experts only
-    β   = β⁰ + K_p·ε̃ + K_i·S + K_d·(ε̃ − ε̃⁻)
+    g   ← clip(g⁻·m, 1, K_i,max/K_i)   per slot; m = gain_up if ε̃ kept its sign, gain_down if it flipped, else 1
+    S   ← clip(S + g·ε̃, ±S_max)        anti-windup: S_max = integral_clip / (u·K_i) (+ |β⁰_E|/(u·K_i) for skip)
+    S_e ← S_e − mean_{e<E} S_e         (recenter) real experts only
+    δ   = u·(K_p·g·ε̃ + K_i·S)
+    δ_e ← δ_e − mean_{e<E} δ_e         (recenter) so the mean expert bias stays at its start value
+    β   = β⁰ + δ
 
-`skip_controlled=False` freezes β_E = β⁰_E (its S and ε̃⁻ stay 0). DeepSeek-V3's
-auxiliary-loss-free rule β ← β + γ·sign(t − f) is the special case φ = sign, K_p = K_d = 0,
-K_i = γ, no clip, no recentring: β_T = β⁰ + γ·Σ_{k≤T} sign(ε_k).
+The per-slot gain g adapts like Rprop's step size: the loads' response to a bias move varies by orders of
+magnitude between a near-uniform router (fresh init; near-tied experts) and a sharp one, so a slot whose
+error keeps its sign speeds up and one whose error flips (the last move overshot) slows down.
+u is the gain unit: `gain_units="logit"` sets u = 1/(E+1), the mean router probability (a bias δ on the
+probabilities of a router near its mean shifts the choice like a logit offset of about δ/u, so gains
+carry over between expert counts); "probability" sets u = 1 (raw β units). `integral_clip` is in β units.
 
-Choices: with `normalize_by_target` a zero target (t_skip = 0) is replaced by the expert target
-(1 − t_skip)/E; the first step's derivative term uses ε̃⁻ = 0; a layer with N = 0 (no tokens)
-contributes zero error. All replicas compute the same update from the same global counts, so β
-stays replicated. `cfg` (a `config.balancing` ConfigDict) is read as Python values at trace time:
-close over it when jitting.
+Default (train/defaults.py): PI on the relative error (identity, divided by t) with adaptive gains,
+recentring, a clipped integral, the skip slot controlled toward t_skip when t_skip > 0 (else it keeps
+β⁰_E, −1 at init: with the mean expert bias held at 0 the skip slot can never win). DeepSeek-V3's
+auxiliary-loss-free rule β ← β + γ·sign(t − f) is the special case φ = sign, K_p = 0, K_i = K_i,max = γ,
+u = 1, no clip, no recentring, skip frozen (`sign_rule`).
+
+Choices: with `normalize_by_target` a zero target (t_skip = 0) is replaced by the expert target; a layer
+with N = 0 contributes zero error. All replicas compute the same update from the same global counts, so β
+stays replicated. `cfg` (a `config.balancing` ConfigDict) is read as Python values at trace time: close
+over it when jitting.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import chex
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -34,20 +49,52 @@ import ml_collections
 from zaya_jax.config import ConfigError
 
 ERROR_SHAPES = ("identity", "sign", "tanh")
+GAIN_UNITS = ("logit", "probability")
 
 
 class BalancingState(NamedTuple):
     """Controller state, fp32, all [L, E+1]; checkpoint it with the model's β."""
 
-    base: jax.Array  # β⁰: the biases at controller start (skip slot stays here when frozen)
+    base: jax.Array  # β⁰: the biases at controller start (the skip slot stays here when not controlled)
     integral: jax.Array  # S
-    prev_error: jax.Array  # ε̃⁻, the previous shaped error
+    prev_error: jax.Array  # sign(ε̃⁻)·g: the previous error's sign times the slot's current gain (0 at start)
 
 
 def init_balancing(bias0: jax.Array) -> BalancingState:
     """State for biases `bias0` [L, E+1] (e.g. the model's `balancing_bias` at step 0)."""
     b = jnp.asarray(bias0, jnp.float32)
     return BalancingState(b, jnp.zeros_like(b), jnp.zeros_like(b))
+
+
+def sign_rule(cfg: ml_collections.ConfigDict, gamma: float = 1e-3) -> ml_collections.ConfigDict:
+    """`cfg` (a `config.balancing`) set to DeepSeek-V3's rule β ← β + γ·sign(t − f), skip slot frozen."""
+    cfg.update(dict(error_shape="sign", normalize_by_target=False, kp=0.0, ki=gamma, ki_max=gamma,
+                    gain_units="probability", integral_clip=0.0, recenter=False, skip_controlled=False))
+    return cfg
+
+
+def validate(cfg: ml_collections.ConfigDict) -> None:
+    """Raise `ConfigError` naming the `balancing.*` field that is out of range."""
+    if cfg.error_shape not in ERROR_SHAPES:
+        raise ConfigError(f"balancing.error_shape={cfg.error_shape!r}; choose one of {ERROR_SHAPES}")
+    if cfg.gain_units not in GAIN_UNITS:
+        raise ConfigError(f"balancing.gain_units={cfg.gain_units!r}; choose one of {GAIN_UNITS}")
+    if cfg.error_shape == "tanh" and cfg.tanh_tau <= 0:
+        raise ConfigError(f"balancing.tanh_tau={cfg.tanh_tau} must be > 0 with error_shape='tanh'")
+    if not 0.0 <= cfg.target_skip < 1.0:
+        raise ConfigError(f"balancing.target_skip={cfg.target_skip} must be in [0, 1)")
+    if cfg.integral_clip < 0:
+        raise ConfigError(f"balancing.integral_clip={cfg.integral_clip} must be >= 0 (0 = no clip)")
+    if cfg.kp < 0 or cfg.ki < 0:
+        raise ConfigError(f"balancing.kp={cfg.kp} and balancing.ki={cfg.ki} must be >= 0")
+    if cfg.ki_max < cfg.ki:
+        raise ConfigError(f"balancing.ki_max={cfg.ki_max} must be >= balancing.ki={cfg.ki} "
+                          "(set them equal for a fixed gain)")
+    if cfg.gain_up < 1 or not 0 < cfg.gain_down <= 1:
+        raise ConfigError(f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down="
+                          f"{cfg.gain_down} in (0, 1]")
+    if cfg.warn_patience < 0:
+        raise ConfigError(f"balancing.warn_patience={cfg.warn_patience} must be >= 0 (0 = no warnings)")
 
 
 def targets(num_classes: int, target_skip: float) -> jax.Array:
@@ -66,19 +113,26 @@ def loads(counts: jax.Array) -> jax.Array:
 
 def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) -> jax.Array:
     """φ(ε), optionally divided by the target (zero targets use the expert target)."""
+    validate(cfg)
     if cfg.error_shape == "identity":
         out = err
     elif cfg.error_shape == "sign":
         out = jnp.sign(err)
-    elif cfg.error_shape == "tanh":
-        if cfg.tanh_tau <= 0:
-            raise ConfigError(f"balancing.tanh_tau={cfg.tanh_tau} must be > 0")
-        out = jnp.tanh(err / cfg.tanh_tau)
     else:
-        raise ConfigError(f"balancing.error_shape={cfg.error_shape!r}; choose one of {ERROR_SHAPES}")
+        out = jnp.tanh(err / cfg.tanh_tau)
     if cfg.normalize_by_target:
         out = out / jnp.where(t > 0, t, t[0])
     return out
+
+
+def gain_unit(cfg: ml_collections.ConfigDict, num_classes: int) -> float:
+    """u: 1/(E+1) for `gain_units="logit"` (the mean router probability), 1 for "probability"."""
+    return 1.0 / num_classes if cfg.gain_units == "logit" else 1.0
+
+
+def skip_controlled(cfg: ml_collections.ConfigDict) -> bool:
+    """Whether β_E moves: `skip_controlled` and a positive skip target (target 0 keeps β⁰_E)."""
+    return bool(cfg.skip_controlled) and cfg.target_skip > 0
 
 
 def load_metrics(counts: jax.Array) -> dict[str, jax.Array]:
@@ -88,6 +142,7 @@ def load_metrics(counts: jax.Array) -> dict[str, jax.Array]:
     skip_fraction [L]: c_E / N; max_min_load_ratio [L]: max_e c_e / max(min_e c_e, 1) over real
     experts (an idle expert counts as 1 token, so the ratio stays finite); load [L, E+1]: f.
     """
+    chex.assert_rank(counts, 2)
     c = counts.astype(jnp.float32)
     ce = c[:, :-1]
     ne = ce.sum(-1, keepdims=True)
@@ -103,13 +158,32 @@ def load_metrics(counts: jax.Array) -> dict[str, jax.Array]:
     }
 
 
+def _recenter_experts(x: jax.Array) -> jax.Array:
+    """x [L, E+1] with the mean over the real experts (slots < E) subtracted from those slots."""
+    return x.at[:, :-1].add(-x[:, :-1].mean(-1, keepdims=True))
+
+
+def gain_factor(state: BalancingState, shaped: jax.Array, cfg: ml_collections.ConfigDict) -> jax.Array:
+    """[L, E+1] per-slot gain factor g ∈ [1, ki_max/K_i] and its memory (Rprop-style step adaptation).
+
+    `state.prev_error` holds sign(ε̃⁻)·g⁻ (0 at start: g⁻ = 1, no sign). An error that keeps its sign multiplies
+    the slot's gain by `gain_up` (the bias is too slow for this router), one that flips sign multiplies it by
+    `gain_down` (the last move overshot: the router's margins at this slot are finer than the step).
+    """
+    g_prev = jnp.where(state.prev_error == 0, 1.0, jnp.abs(state.prev_error))
+    agree = shaped * state.prev_error
+    factor = jnp.where(agree > 0, cfg.gain_up, jnp.where(agree < 0, cfg.gain_down, 1.0))
+    return jnp.clip(g_prev * factor, 1.0, cfg.ki_max / cfg.ki if cfg.ki > 0 else 1.0)
+
+
 def update_biases(state: BalancingState, counts: jax.Array, cfg: ml_collections.ConfigDict
                   ) -> tuple[jax.Array, BalancingState, dict[str, jax.Array]]:
-    """One controller step (§13.1). counts: [L, E+1] int global choice counts of this step.
+    """One controller step. counts: [L, E+1] int global choice counts of this step.
 
     Returns (new β [L, E+1] fp32, new state, metrics). With `cfg.enabled=False` β = β⁰ and the state
     is unchanged (metrics are still computed). Metrics: `load_metrics(counts)` plus `bias` [L, E+1].
     """
+    chex.assert_equal_shape([counts, state.base])
     metrics = load_metrics(counts)
     if not cfg.enabled:
         return state.base, state, {**metrics, "bias": state.base}
@@ -120,18 +194,26 @@ def update_biases(state: BalancingState, counts: jax.Array, cfg: ml_collections.
     # XLA may turn c/N into c·(1/N), which is not exact.
     err = jnp.where(n > 0, (t * n - c) / jnp.maximum(n, 1.0), 0.0)
     shaped = shape_error(err, cfg, t)
-    if not cfg.skip_controlled:
+    if not skip_controlled(cfg):
         shaped = shaped.at[:, -1].set(0.0)
-    integral = state.integral + shaped
-    if cfg.integral_clip > 0:
-        integral = jnp.clip(integral, -cfg.integral_clip, cfg.integral_clip)
+    g = gain_factor(state, shaped, cfg)
+    integral = state.integral + g * shaped
+    u = gain_unit(cfg, c.shape[-1])
+    if cfg.integral_clip > 0 and cfg.ki > 0:
+        # the skip slot's range also covers its start offset (β⁰_E = −1 keeps it out of play)
+        reach = jnp.full_like(integral, cfg.integral_clip).at[:, -1].add(jnp.abs(state.base[:, -1]))
+        s_max = reach / (u * cfg.ki)
+        integral = jnp.clip(integral, -s_max, s_max)
     if cfg.recenter:
-        integral = integral.at[:, :-1].add(-integral[:, :-1].mean(-1, keepdims=True))
-    bias = state.base + cfg.kp * shaped + cfg.ki * integral + cfg.kd * (shaped - state.prev_error)
-    if not cfg.skip_controlled:
-        bias = bias.at[:, -1].set(state.base[:, -1])
-    new_state = BalancingState(state.base, integral, shaped)
-    return bias, new_state, {**metrics, "bias": bias}
+        integral = _recenter_experts(integral)
+    delta = u * (cfg.kp * g * shaped + cfg.ki * integral)
+    if cfg.recenter:
+        delta = _recenter_experts(delta)
+    if not skip_controlled(cfg):
+        delta = delta.at[:, -1].set(0.0)
+    bias = state.base + delta
+    memory = g * jnp.where(shaped < 0, -1.0, 1.0)
+    return bias, BalancingState(state.base, integral, memory), {**metrics, "bias": bias}
 
 
 def dropped_fraction(dropped: jax.Array, counts: jax.Array) -> jax.Array:

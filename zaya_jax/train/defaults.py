@@ -53,23 +53,35 @@ def add_to(config: ml_collections.ConfigDict) -> None:
             grad_reduce_dtype="float32",
             loss_chunk=1024,  # sequence positions per cross-entropy chunk (tied head + log-softmax)
             log_every=10,
+            run_name="",  # TensorBoard run name (events in <workdir>/tensorboard/<run_name>); "" = workdir's name
             eval_every=0,
             eval_batches=4,
         )
     )
+    # Expert balancing (train/balancing.py, docs/balancing.md): PI control of the router biases on the relative
+    # load error; per-slot gains adapt between ki and ki_max (× gain_up while an error keeps its sign, × gain_down
+    # when it flips); gains in logit units (× 1/(E+1) on the probabilities); clipped integral; mean expert bias fixed.
     config.balancing = ml_collections.ConfigDict(
         dict(
             enabled=True,
-            kp=0.0,
-            ki=1e-3,
-            kd=0.0,
-            error_shape="sign",  # "identity" | "sign" | "tanh"
+            kp=0.002,
+            ki=0.002,
+            ki_max=0.1,
+            gain_up=1.2,
+            gain_down=0.5,
+            error_shape="identity",  # "identity" | "sign" | "tanh"
             tanh_tau=0.01,
-            normalize_by_target=False,
+            normalize_by_target=True,  # error relative to the target load: 1 − f/t
+            gain_units="logit",  # "logit" (× 1/(E+1)) | "probability" (raw bias units)
             target_skip=0.0,
-            skip_controlled=False,
-            integral_clip=0.0,  # 0 = no clipping
-            recenter=False,
+            skip_controlled=True,  # control the skip slot toward target_skip when that is > 0
+            integral_clip=1.0,  # anti-windup: integral term |u·K_i·S| <= this (bias = probability units); 0 = no clip
+            recenter=True,  # keep the mean expert bias at its initial value (no common-mode drift)
+            # health warnings (train/health.py): a layer whose load CV stays above warn_cv, or whose dropped
+            # fraction stays above warn_dropped, for warn_patience logged steps gets a warning (0 = off)
+            warn_cv=0.5,
+            warn_dropped=0.05,
+            warn_patience=10,
         )
     )
 
@@ -96,11 +108,9 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if o.get("wsd_decay_shape", "linear") not in ("linear", "sqrt"):
         raise ConfigError(f"optimizer.wsd_decay_shape={o.wsd_decay_shape!r}; choose 'linear' or 'sqrt'")
     if "balancing" in config:
-        b = config.balancing
-        if b.error_shape not in ("identity", "sign", "tanh"):
-            raise ConfigError(f"balancing.error_shape={b.error_shape!r}; choose identity, sign or tanh")
-        if not 0.0 <= b.target_skip < 1.0:
-            raise ConfigError(f"balancing.target_skip={b.target_skip} must be in [0, 1)")
+        from zaya_jax.train import balancing
+
+        balancing.validate(config.balancing)
     steps = [s for s, _ in t.batch_ramp]
     if steps != sorted(steps):
         raise ConfigError(f"train.batch_ramp start steps must increase, got {steps}")

@@ -9,6 +9,7 @@ never waits for the device in between (dispatch runs ahead).
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable
 
@@ -16,14 +17,15 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.train import schedule
-from zaya_jax.train.metrics import MetricWriter
+from zaya_jax.train import health, schedule
+from zaya_jax.train.metrics import MetricWriter, learning_rates
 from zaya_jax.train.setup import prepare
 from zaya_jax.train.step import BATCH_KEYS, micro_loss
 
@@ -79,12 +81,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
     if checkpointer is not None:
         state = checkpointer.restore_or_keep(state, training.shardings, train_iter, codec=training)
     eval_step = make_eval_step(graphdef, mesh, config)
-    writer = MetricWriter(workdir)
+    lr_fns = schedule.learning_rate_schedules(config)
+    writer = MetricWriter(workdir, run_name=t.get("run_name", ""))
+    monitor = health.BalanceMonitor(config.balancing, config.model)
     flops_per_token = train_flops_per_token(config.model, t.seq_len)
     peak = _peak_flops()
     start = int(state.step)
-    bar = tqdm(total=t.steps, initial=start, disable=quiet or jax.process_index() != 0, unit="step",
-               dynamic_ncols=True)
+    show = not quiet and jax.process_index() == 0
+    if show:
+        tqdm.write(health.LEGEND)
+    bar = tqdm(total=t.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
     last = {"time": time.perf_counter(), "step": start, "tokens": 0.0}
     row: dict = {}
     step = start
@@ -96,9 +102,14 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
             metrics = jax.device_get(metrics)
             now = time.perf_counter()
             tps = last["tokens"] / max(now - last["time"], 1e-9)
-            metrics.update(tokens_per_s=tps, mfu=tps * flops_per_token / peak, global_batch=global_batch)
+            metrics.pop("lr", None)  # the step's Muon LR; both are logged from the host schedules
+            metrics.update(tokens_per_s=tps, mfu=tps * flops_per_token / peak, global_batch=global_batch,
+                           **learning_rates(lr_fns, step))
             row = writer.write(step + 1, metrics)
-            bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{tps:,.0f}", cv=f"{np.mean(row['load_cv']):.2f}")
+            bar.set_postfix(health.progress_fields(row, tps))
+            for msg in monitor.update(step + 1, row) if writer.enabled else ():
+                with tqdm.external_write_mode():
+                    logging.warning("%s", msg)
             last.update(time=now, step=step + 1, tokens=0.0)
         if t.eval_every and (step + 1) % t.eval_every == 0 and eval_iter is not None:
             writer.write(step + 1, {"eval_loss": evaluate(eval_step, state, eval_iter, mesh,
@@ -130,5 +141,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         checkpointer.finish(int(state.step), state, train_iter)
     train_iter.close()
     writer.close()
+    if writer.enabled and (png := health.plot_load_heatmap(os.path.join(workdir, "metrics.jsonl"),
+                                                           os.path.join(workdir, "expert_load.png"))):
+        summary["expert_load_png"] = png
     summary["state"] = state
     return summary

@@ -1,7 +1,16 @@
-"""Metric sinks: a JSONL file, TensorBoard event files (tensorboardX) and the console.
+"""Metric sinks: a JSONL file and TensorBoard event files (tensorboardX).
 
-Only process 0 writes. Values are converted to plain Python numbers (per-layer arrays become lists
-in JSONL and `name/layer_k` scalars in TensorBoard).
+Only process 0 writes. JSONL rows keep the metric names and per-layer arrays as lists. TensorBoard gets
+named tags (`tensorboard_scalars`):
+
+* `1_overview/…` — loss, eval loss, both learning rates, grad norm, tokens/s, MFU (the group sorts first, so
+  TensorBoard opens on it; the Custom Scalars tab shows the same charts plus the MoE summary);
+* `moe/max_load_cv`, `moe/dropped` — the worst layer's expert-load CV and the overall dropped fraction;
+* `load_cv/layer_k`, `dropped/layer_k`, `skip_fraction/layer_k`, `max_min_load_ratio/layer_k` — one per layer;
+* `load/layer_k/expert_e`, `load/layer_k/skip`, `bias/layer_k/…` — one per layer and router slot;
+* `train/…` — any other scalar.
+
+Events go to `<workdir>/tensorboard/<run name>`, so `tensorboard --logdir <workdir>/tensorboard` names the run.
 """
 
 from __future__ import annotations
@@ -14,22 +23,88 @@ from typing import Any
 import jax
 import numpy as np
 
+OVERVIEW = "1_overview"
+OVERVIEW_KEYS = ("loss", "eval_loss", "lr_muon", "lr_adamw", "grad_norm", "tokens_per_s", "mfu")
+PER_LAYER = {"load_cv": "load_cv", "dropped_fraction": "dropped", "skip_fraction": "skip_fraction",
+             "max_min_load_ratio": "max_min_load_ratio"}
+PER_SLOT = ("load", "bias")
+LR_NAMES = {"muon": "lr_muon", "adam": "lr_adamw"}  # `schedule.learning_rate_schedules` keys → metric names
+
 
 def to_python(value: Any) -> Any:
     arr = np.asarray(value)
     return arr.item() if arr.ndim == 0 else arr.tolist()
 
 
+def learning_rates(schedules: dict[str, Any], step: int) -> dict[str, float]:
+    """{"lr_muon": …, "lr_adamw": …}: the host-side schedules (`schedule.learning_rate_schedules`) at the
+    optimizer step `step` (0-based: the LR the update of step `step` used)."""
+    return {LR_NAMES.get(name, f"lr_{name}"): float(fn(step)) for name, fn in schedules.items()}
+
+
+def overall_dropped(dropped: Any, skip: Any | None) -> float:
+    """Dropped fraction of all expert-routed tokens, from per-layer fractions [L] and skip fractions [L].
+
+    Every layer routes the same N tokens, N·(1 − skip_l) of them to experts, so the overall fraction is the
+    per-layer one weighted by 1 − skip_l.
+    """
+    d = np.asarray(dropped, np.float64)
+    w = np.ones_like(d) if skip is None else 1.0 - np.asarray(skip, np.float64)
+    return float((d * w).sum() / w.sum()) if w.sum() > 0 else 0.0
+
+
+def tensorboard_scalars(row: dict[str, Any]) -> dict[str, float]:
+    """{TensorBoard tag: value} for one metrics row (see the module docstring for the tag scheme).
+
+    Per-layer values are [L] lists; per-slot values are [L, E+1] lists whose last slot is the skip slot.
+    """
+    out: dict[str, float] = {}
+    for name, value in row.items():
+        if name in ("step", "time"):
+            continue
+        if name in PER_SLOT and np.ndim(value) == 2:
+            arr = np.asarray(value, np.float64)
+            for layer, slots in enumerate(arr):
+                for e, v in enumerate(slots[:-1]):
+                    out[f"{name}/layer_{layer}/expert_{e}"] = float(v)
+                out[f"{name}/layer_{layer}/skip"] = float(slots[-1])
+        elif np.ndim(value) == 1:
+            prefix = PER_LAYER.get(name, name)
+            out.update({f"{prefix}/layer_{k}": float(v) for k, v in enumerate(value)})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[f"{OVERVIEW if name in OVERVIEW_KEYS else 'train'}/{name}"] = float(value)
+    if "load_cv" in row:
+        out["moe/max_load_cv"] = float(np.max(row["load_cv"]))
+    if "dropped_fraction" in row:
+        out["moe/dropped"] = overall_dropped(row["dropped_fraction"], row.get("skip_fraction"))
+    return out
+
+
+def custom_scalars_layout() -> dict:
+    """tensorboardX Custom Scalars layout: the overview charts, then the MoE balance summary."""
+    overview = {k: ["Multiline", [f"{OVERVIEW}/{k}"]] for k in OVERVIEW_KEYS if not k.startswith("lr_")}
+    overview["learning rates"] = ["Multiline", [f"{OVERVIEW}/lr_.*"]]
+    moe = {"worst layer load CV": ["Multiline", ["moe/max_load_cv"]],
+           "dropped fraction": ["Multiline", ["moe/dropped"]],
+           "load CV per layer": ["Multiline", ["load_cv/layer_.*"]],
+           "dropped per layer": ["Multiline", ["dropped/layer_.*"]]}
+    return {"overview": overview, "MoE balance": moe}
+
+
 class MetricWriter:
-    def __init__(self, workdir: str, *, enabled: bool | None = None):
+    """Appends rows to `<workdir>/metrics.jsonl` and scalars to `<workdir>/tensorboard/<run_name>`."""
+
+    def __init__(self, workdir: str, *, run_name: str = "", enabled: bool | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.run_name = run_name or os.path.basename(os.path.normpath(os.path.abspath(workdir))) or "run"
         self._jsonl = self._tb = None
         if self.enabled:
             os.makedirs(workdir, exist_ok=True)
             self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard", self.run_name))
+            self._tb.add_custom_scalars(custom_scalars_layout())
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": int(step), "time": time.time(), **{k: to_python(v) for k, v in metrics.items()}}
@@ -37,14 +112,8 @@ class MetricWriter:
             return row
         self._jsonl.write(json.dumps(row) + "\n")
         self._jsonl.flush()
-        for name, value in row.items():
-            if name in ("step", "time"):
-                continue
-            if isinstance(value, list):
-                for k, v in enumerate(np.ravel(value)):
-                    self._tb.add_scalar(f"{name}/layer_{k}", float(v), step)
-            elif isinstance(value, (int, float)):
-                self._tb.add_scalar(name, float(value), step)
+        for tag, value in tensorboard_scalars(row).items():
+            self._tb.add_scalar(tag, value, step)
         return row
 
     def close(self) -> None:

@@ -1,0 +1,40 @@
+"""Expert-balancing report (per-layer load CV / dropped fraction, heat maps) from finished training runs.
+
+    python -m launch.balance_report --runs=old=runs/demo_old,new=runs/demo --out=benchmarks/balancing/demo
+
+Writes `<label>.csv` (step, layer, load_cv, dropped, ...), `<label>_expert_load.png`, `load_cv.png`,
+`dropped.png` (one panel per layer, one line per run) and `summary.json` (means over the last `--last`
+steps and the eval loss) under `--out`, and prints the summary.
+"""
+
+import json
+import sys
+
+from absl import app, flags
+
+_RUNS = flags.DEFINE_list("runs", None, "label=workdir pairs of finished training runs.")
+_OUT = flags.DEFINE_string("out", None, "Output directory.")
+_LAST = flags.DEFINE_integer("last", 50, "Average over the logged steps of this many final steps.")
+_TITLE = flags.DEFINE_string("title", "", "Plot title.")
+flags.mark_flags_as_required(["runs", "out"])
+
+
+def main(argv):
+    del argv
+    from zaya_jax.bench.balancing import report
+
+    runs = {}
+    for item in _RUNS.value:
+        label, sep, workdir = item.partition("=")
+        if not sep or not label or not workdir:
+            sys.exit(f"balance_report: --runs entry {item!r} is not label=workdir")
+        runs[label] = workdir
+    try:
+        summary = report(runs, _OUT.value, last=_LAST.value, title=_TITLE.value)
+    except (OSError, ValueError) as err:
+        sys.exit(f"balance_report: error: {err}")
+    print(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    app.run(main)
