@@ -294,7 +294,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
 
 def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
     out = tmp_path / "plan.json"
-    proc = _launch("--mesh=data:4,expert:2", "--seq=64", "--remat=dots", f"--out={out}")
+    proc = _launch("--mesh=data:4,expert:2", "--seq_len=64", "--remat=dots", f"--out={out}")
     assert "VERDICT: fits" in proc.stdout and "all-to-all" in proc.stdout
     result = json.loads(out.read_text())
     assert result["setup"]["mesh"] == {"data": 4, "context": 1, "expert": 2} and result["setup"]["remat"] == "dots"
@@ -314,7 +314,7 @@ def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
 
 
 def test_sweep_writes_csv_and_png(tmp_path):
-    proc = _launch("--seq=64", "--remat=none", "--sweep=data:2,4", f"--out={tmp_path}")
+    proc = _launch("--seq_len=64", "--remat=none", "--sweep=data:2,4", f"--out={tmp_path}")
     with open(tmp_path / "sweep.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [(r["mesh"], int(r["devices"]), int(r["microbatches"])) for r in rows] == [("data:2", 2, 1),

@@ -119,7 +119,7 @@ def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = N
     need = math.prod(int(config.mesh[a]) for a in AXES)
     if need > len(devices):
         raise ValueError(f"mesh {dict(config.mesh)} needs {need} devices, {len(devices)} available "
-                         "(emulate more with --cpu_devices / XLA_FLAGS=--xla_force_host_platform_device_count)")
+                         "(emulate more with --cpu_devices=N)")
     mesh = make_mesh(config, devices[:need])
     training = prepare_abstract(config, mesh)
     with jax.set_mesh(mesh):

@@ -35,7 +35,10 @@ def use_devices(count: int) -> None:
     only before jax initialises its backends (the CPU count wins over XLA_FLAGS' device count)."""
     os.environ[NUM_CPU_DEVICES_ENV] = str(count)  # CPU platform only; harmless elsewhere
     if "jax" in sys.modules:  # imported already (absl flags): set the option itself, its env var is read at import
-        sys.modules["jax"].config.update("jax_num_cpu_devices", int(count))
+        try:
+            sys.modules["jax"].config.update("jax_num_cpu_devices", int(count))
+        except RuntimeError:  # the backend already runs (a test process): only a new process sees the count
+            pass
     for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
         ids = os.environ.get(var) or ",".join(str(i) for i in range(count))
         os.environ[var] = ",".join(ids.split(",")[:count])
