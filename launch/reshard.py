@@ -91,6 +91,19 @@ def _bar(total: int, desc: str, unit: str = "B"):
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024, dynamic_ncols=True)
 
 
+def _saved_field_bytes(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
+    """{TrainState field: bytes on disk} from `Checkpointer.saved_shapes` ({'params/embed': (shape, dtype)})."""
+    import math
+
+    import jax.numpy as jnp
+
+    out: dict[str, int] = {}
+    for path, (shape, dtype) in shapes.items():
+        field = path.split("/", 1)[0]
+        out[field] = out.get(field, 0) + math.prod(shape) * jnp.dtype(dtype).itemsize
+    return out
+
+
 def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, param_sharding: str | None,
             dtype: str | None) -> dict:
     """Restore `src` onto the target mesh/layout/dtype and save it to `dst` (same step, meta carried over)."""
@@ -99,6 +112,7 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
     from zaya_jax.checkpoint.model_io import open_checkpoint
 
     ck, step, meta, config = open_checkpoint(src, step)
+    field_bytes = _saved_field_bytes(ck.saved_shapes(step, meta))
     ck.close()
     if mesh_spec:
         config.mesh.update(parse_mesh(mesh_spec))
@@ -112,12 +126,11 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
     dst, lock = _locked_dst(dst)
     import jax
 
-    bar = _bar(0, f"restore step {step}")  # the total grows as each TrainState field is read
+    bar = _bar(sum(field_bytes.values()), f"restore step {step}")  # bytes on disk, field by field
 
     def progress(name: str, nbytes: int) -> None:
-        bar.total = (bar.total or 0) + nbytes
         bar.set_postfix_str(name)
-        bar.update(nbytes)
+        bar.update(field_bytes.get(name, 0))
 
     config, step, meta, _, state, _ = load_train_state(src, mesh, config=config, step=step, progress=progress)
     bar.close()

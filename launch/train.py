@@ -17,6 +17,7 @@ from launch.cpu_devices import prepare_host
 prepare_host()
 
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 
 from absl import flags, logging  # noqa: E402
@@ -125,7 +126,8 @@ def main(argv):
             profiler.close()
     if jax.process_index() == 0:
         summary.pop("state", None)
-        print(json.dumps(summary, indent=2))
+        print(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()},
+                         indent=2, allow_nan=False))  # valid JSON: a loss never logged is null
         if "eval_loss" in summary and "unigram_entropy" in summary:
             print(f"held-out loss {summary['eval_loss']:.3f} nats/token vs unigram entropy "
                   f"{summary['unigram_entropy']:.3f} (a model of byte frequencies alone)")
