@@ -3,7 +3,8 @@
     # reshard (e.g. 2 data x 4 expert -> 4 data x 2 expert, ZeRO-1 -> FSDP), cast params to bf16
     python -m launch.reshard --src=runs/x/checkpoints --dst=/tmp/ck_4x2 --mesh=data:4,expert:2 \\
         --param_sharding=fsdp --dtype=bfloat16
-    # export the model (params + balancing biases) as a transformers checkpoint
+    # export the model (params + balancing biases) as a transformers checkpoint, with its tokenizer and
+    # generation config (AutoTokenizer / AutoModelForCausalLM load the folder alone)
     python -m launch.reshard --src=runs/x/checkpoints --to_hf=/tmp/hf_out [--hf_layout=legacy]
     # import a transformers checkpoint as step 0 of a training run (fresh optimizer state)
     python -m launch.reshard --from_hf=/tmp/hf_out --dst=runs/y/checkpoints --config=experiments/zaya1_tiny.py
@@ -35,6 +36,8 @@ _MESH = flags.DEFINE_string("mesh", None, "Target mesh, e.g. data:4,expert:2 (un
 _SHARDING = flags.DEFINE_enum("param_sharding", None, ["zero1", "fsdp", "replicated"], "Target parameter layout.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Cast parameters (and optimizer state) to this.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Export the model to this Hugging Face directory.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "--to_hf: tokenizer to write next to the model ('byte' or a "
+                                  "tokenizer.json; default: the one the run used)")
 _HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor names of the export.")
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Import this Hugging Face directory as step 0 into --dst.")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config for --from_hf (default: defaults + "
@@ -150,6 +153,7 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
     """Write the checkpoint's model as a transformers directory (config.json + safetensors)."""
     from zaya_jax import hf
     from zaya_jax.checkpoint import load_model
+    from zaya_jax.hf.tokenizer_files import normalize_permissions, run_tokenizer, save_tokenizer_files
 
     out = _fresh_dir(out, "--to_hf")
     with _bar(2, "export", "stage") as bar:
@@ -160,8 +164,15 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
                           "skip slot, so its outputs will differ from this model's (use --hf_layout=legacy for "
                           "ports with the scaled-input skip)", stacklevel=2)
         hf.save_pretrained(model, out, layout=layout)
+        spec = _TOKENIZER.value or run_tokenizer(config.data)
+        if spec is None:
+            warnings.warn("the run's prepared data used a tokenizer.json this export cannot find: no tokenizer was "
+                          "written (pass --tokenizer=/path/tokenizer.json)", stacklevel=2)
+        else:
+            save_tokenizer_files(out, spec, config.model)
+        normalize_permissions(out)
         bar.update(1)
-    return {"to_hf": out, "layout": layout, "param_dtype": config.model.param_dtype}
+    return {"to_hf": out, "layout": layout, "param_dtype": config.model.param_dtype, "tokenizer": spec}
 
 
 def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype: str | None) -> dict:
