@@ -93,3 +93,19 @@ def test_config_flag_selects_phase_and_accepts_overrides():
 def test_data_root_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("ZAYA_DATA_ROOT", "/scratch/zaya")
     assert all(s.startswith("/scratch/zaya/") for s in phase("phase2").data.sources)
+
+
+def test_experiment_configs_resolve_outside_a_checkout(tmp_path, monkeypatch):
+    """`--config=experiments/NAME.py[:arg]` from any directory finds the shipped config (installed as
+    zaya_jax/experiments, or the checkout's experiments/ for an editable install)."""
+    from zaya_jax.config import load_config, resolve_config_path
+
+    monkeypatch.chdir(tmp_path)
+    resolved = resolve_config_path("experiments/zaya1_tiny.py:x")
+    path, _, arg = resolved.rpartition(":")
+    assert os.path.isfile(path) and path.endswith(os.path.join("experiments", "zaya1_tiny.py")) and arg == "x"
+    assert load_config("experiments/zaya1_tiny.py").model.hidden_size == 64
+    assert resolve_config_path("experiments/missing.py") == "experiments/missing.py"  # reported as missing later
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "zaya1_tiny.py").write_text("raise SystemExit('the local file wins')\n")
+    assert resolve_config_path("experiments/zaya1_tiny.py") == "experiments/zaya1_tiny.py"
