@@ -26,7 +26,6 @@ def add_to(config: ml_collections.ConfigDict) -> None:
             spike_zscore=0.0,  # loss z-score over `spike_window` steps that counts as a spike (0 = off)
             spike_window=32,
             max_rollbacks=3,  # rollbacks onto one checkpoint before the run gives up
-            preemption_sync_every=10,  # multi-process: steps between the "did anyone get SIGTERM?" exchange
             faults="",  # fault injection, e.g. "crash@5,nan@12" (also env ZAYA_FAULTS; see faults.py)
         )
     )
@@ -35,8 +34,6 @@ def add_to(config: ml_collections.ConfigDict) -> None:
 def validate(config: ml_collections.ConfigDict) -> None:
     """Raise `CheckpointConfigError` for invalid `config.checkpoint` values."""
     c = config.checkpoint
-    if int(c.preemption_sync_every) < 1:
-        raise CheckpointConfigError(f"checkpoint.preemption_sync_every={c.preemption_sync_every} must be >= 1")
     for name in ("every", "keep", "keep_every", "spike_window", "max_rollbacks"):
         if int(c[name]) < 0:
             raise CheckpointConfigError(f"checkpoint.{name}={c[name]} must be >= 0")
