@@ -7,10 +7,11 @@ One checkpoint = `<dir>/<step>/` with two Orbax items:
 
 Commit protocol: Orbax writes into `<step>.orbax-checkpoint-tmp*` and renames (or writes
 `commit_success.txt` where renames are not atomic); only finalized step directories count as
-committed. `cleanup_uncommitted()` removes leftovers of interrupted saves. Retention (keep the newest
-`keep` committed steps plus every multiple of `keep_every`) is applied here, only to committed steps
-and only while no save is in flight, so the previous good checkpoint is never deleted before the new
-one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
+committed. A writable `Checkpointer` has Orbax remove leftovers of interrupted saves when it opens the
+directory (`cleanup_tmp_directories`; the trainer holds the workdir lock by then) and logs their names.
+Retention (keep the newest `keep` committed steps plus every multiple of `keep_every`) is Orbax's
+preservation policy (`LatestN` ∪ `EveryNSteps`), applied by Orbax after a new save has committed, so the
+previous good checkpoint is never deleted before the new one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
 NamedShardings), so any mesh works. Every restore is checked against the checksums: a missing,
 truncated or bit-rotted file raises `CorruptCheckpointError` (the trainer quarantines the step and falls
 back to the previous one); a config that builds a different tree raises `CheckpointConfigError`.
@@ -66,6 +67,15 @@ def _check_writable(directory: str) -> None:
                                     "pass a writable --workdir or checkpoint.dir")
 
 
+def retention_policy(keep: int, keep_every: int):
+    """Orbax preservation policy: the newest `keep` checkpoints plus every step that is a multiple of `keep_every`
+    (0 = none)."""
+    from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
+    policies = [pp.LatestN(n=keep)] + ([pp.EveryNSteps(interval_steps=keep_every)] if keep_every > 0 else [])
+    return pp.AnyPreservationPolicy(policies)
+
+
 class Checkpointer:
     """Save / restore / retain train-state checkpoints in one directory (see module docstring)."""
 
@@ -81,10 +91,13 @@ class Checkpointer:
         else:
             _check_writable(self.directory)
             os.makedirs(self.directory, exist_ok=True)
+        leftovers = [] if read_only else self.uncommitted()
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save and not read_only,
                                                read_only=read_only, create=not read_only,
                                                save_interval_steps=0 if read_only else 1,
-                                               cleanup_tmp_directories=False,
+                                               cleanup_tmp_directories=not read_only,
+                                               preservation_policy=None if read_only else retention_policy(
+                                                   self.keep, self.keep_every),
                                                async_options=ocp.AsyncOptions(
                                                    post_finalization_callback=self._written)
                                                if async_save and not read_only else None)
@@ -93,6 +106,8 @@ class Checkpointer:
             self.directory, options=options,
             item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()})
         self._in_flight: tuple[int, float, int] | None = None  # (step, start time, bytes)
+        for name in leftovers:
+            self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
         self.last_save: dict | None = None
 
     # ---- discovery -------------------------------------------------------------------------------------
@@ -116,25 +131,12 @@ class Checkpointer:
                       if os.path.isdir(os.path.join(self.directory, name))
                       and (TMP_MARKER in name or (name.isdigit() and name not in committed)))
 
-    def cleanup_uncommitted(self) -> list[str]:
-        """Delete uncommitted leftovers (never a committed step); call only when this process is not saving."""
-        removed = []
-        if self.read_only or jax.process_index() != 0:
-            return removed
-        for name in self.uncommitted():
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-            removed.append(name)
-            self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
-        self.manager.reload()
-        return removed
-
     # ---- saving ----------------------------------------------------------------------------------------
     def save(self, step: int, state: Any, meta: dict, *, wait: bool = False) -> dict:
         """Save `state` + `meta` as step `step` (async unless `wait`); returns {'step', 'bytes', 'blocking_s'}."""
         if self.read_only:
             raise CheckpointError(f"checkpoint directory {self.directory} was opened read-only")
-        self.wait()  # previous save committed (or its error raised) before anything is pruned or written
-        self.prune()
+        self.wait()  # previous save committed (or its error raised) before anything is written
         if step in self.committed_steps():
             raise CheckpointConfigError(f"checkpoint step {step} already exists in {self.directory}; refusing to "
                                         "overwrite it (use a new checkpoint.dir)")
@@ -192,25 +194,6 @@ class Checkpointer:
     @property
     def saving(self) -> bool:
         return self._in_flight is not None
-
-    def steps_to_delete(self, steps: list[int]) -> list[int]:
-        """Committed steps outside the retention policy (never the newest `keep`, never multiples of keep_every)."""
-        keep = set(steps[-self.keep:])
-        if self.keep_every > 0:
-            keep |= {s for s in steps if s % self.keep_every == 0}
-        return [s for s in steps if s not in keep]
-
-    def prune(self) -> list[int]:
-        """Apply retention to committed steps; only call when no save is in flight."""
-        if self.read_only or self._in_flight is not None:
-            return []
-        self.manager.reload()
-        doomed = self.steps_to_delete(self.committed_steps())
-        for s in doomed:
-            self.manager.delete(s)
-        if doomed:
-            self.events.write("prune", steps=doomed)
-        return doomed
 
     # ---- restoring -------------------------------------------------------------------------------------
     def _where(self, step: int) -> str:
@@ -304,6 +287,5 @@ class Checkpointer:
     def close(self) -> None:
         try:
             self.wait()
-            self.prune()
         finally:
             self.manager.close()

@@ -153,7 +153,6 @@ class TrainCheckpointer:
             self._target = abstract_target(state, shardings)
         self.heartbeat.beat(int(state.step), "start")
         self.ckpt._check_space(tree_nbytes(self._target))
-        self.ckpt.cleanup_uncommitted()
         self.events.write("start", checkpoint_dir=self.ckpt.directory, devices=jax.device_count(),
                           mesh={k: int(v) for k, v in jax.tree.leaves(shardings)[0].mesh.shape.items()},
                           committed=self.ckpt.committed_steps())
