@@ -96,7 +96,7 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     """Every leaf of a saved TrainState as NumPy, keyed by path (restored onto one device)."""
     import jax
 
-    from zaya_jax.checkpoint.integrity import path_str
+    from zaya_jax.keys import path_name
     from zaya_jax.checkpoint.model_io import load_train_state, open_checkpoint
     from zaya_jax.parallel.mesh import make_mesh
 
@@ -105,7 +105,7 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     config.mesh.update(dict(data=1, expert=1, context=1))
     mesh = make_mesh(config, devices=jax.devices()[:1])
     _, _, _, _, state, _ = load_train_state(ckpt_dir, mesh, config=config, step=step)
-    return {path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+    return {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
 
 
 def tiny_mesh_config(mesh_sizes: dict):

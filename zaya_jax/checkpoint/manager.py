@@ -35,8 +35,8 @@ from orbax.checkpoint.path import step as ocp_step
 from zaya_jax.checkpoint import integrity
 from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EventLog
-from zaya_jax.checkpoint.integrity import path_str
 from zaya_jax.checkpoint.quiet import first_line, quiet_orbax
+from zaya_jax.keys import path_name
 
 STATE, META = "state", "meta"
 FORMAT_VERSION = 1
@@ -229,13 +229,13 @@ class Checkpointer:
                                          f"({first_line(err)})") from err
         if not flat:
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its state metadata is missing")
-        return {path_str(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", ""))) for p, m in flat}
+        return {path_name(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", ""))) for p, m in flat}
 
     def check_target(self, step: int, target: Any, *, partial: bool = False, meta: dict | None = None) -> None:
         """Raise a one-line CheckpointConfigError if `target`'s leaves do not match the saved ones (shape /
         presence): the config builds a different model or optimizer than the one saved."""
         saved = self.saved_shapes(step, meta)
-        wanted = {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
+        wanted = {path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
         for name, shape in wanted.items():
             if name not in saved:
                 raise CheckpointConfigError(f"{self._where(step)} has no {name!r} (the config builds a different "
@@ -262,7 +262,7 @@ class Checkpointer:
         read_as = target
         if saved is not None:
             read_as = jax.tree_util.tree_map_with_path(
-                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_str(p)][1], sharding=t.sharding), target)
+                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_name(p)][1], sharding=t.sharding), target)
         try:
             restore_args = ocp.checkpoint_utils.construct_restore_args(read_as)
             restored = self.manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
