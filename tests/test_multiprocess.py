@@ -1,6 +1,7 @@
 """Multi-process training through the launcher's distributed path: 2 processes × 4 emulated CPU devices
-(`jax.distributed.initialize` with a localhost coordinator, gloo CPU collectives) train on one 8-device
-global mesh and log the same losses as 1 process × 8 devices.
+(`jax.distributed.initialize` with a localhost coordinator, gloo CPU collectives) posing as 2 nodes train on
+one 8-device hybrid mesh (data across the nodes, expert inside each) and log the same losses as 1 process ×
+8 devices.
 
 Each process runs under its own `launch.supervise`, as on a SLURM cluster (`launch/rocm/train.sbatch` →
 `launch/rocm/node.sh`: one supervised process per node), with CPU devices standing in for a node's 8 GPUs.
@@ -30,8 +31,9 @@ def _free_port() -> int:
 
 
 def _cmd(workdir: str, data: str, devices: int, *extra: str) -> list[str]:
+    """2 data × 4 expert: on 2 processes a hybrid mesh whose expert axis stays inside each "node"."""
     return train_cmd(workdir, data, devices, f"--config.train.steps={STEPS}", "--config.checkpoint.every=0",
-                     *extra)
+                     "--config.mesh.data=2", "--config.mesh.expert=4", "--config.model.dispatch=ep", *extra)
 
 
 def _node_command(workdir: str, data: str, coordinator: str, node: int) -> list[str]:

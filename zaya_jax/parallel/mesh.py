@@ -4,6 +4,13 @@ fastest links — the 8 GPUs of an MI300X node), built from `config.mesh` (`-1` 
 Multi-process aware: the mesh spans `jax.devices()` (all processes' devices); axis types are passed
 explicitly (`Auto`: GSPMD-style propagation; `jax.shard_map` makes axes manual where needed).
 
+Several nodes (one process per node, as `launch/rocm` starts them): the mesh is built as a hybrid of the
+slow inter-node network (DCN: the NICs) and the fast in-node links (ICI / xGMI), as MaxText's `dcn_*` /
+`ici_*` parallelism does with `jax.experimental.mesh_utils.create_hybrid_device_mesh`: only `data` spans
+nodes (DCN shape data=nodes), while `context` and `expert` — the axes with all-to-all and ring traffic every
+layer — stay inside a node (ICI shape data/nodes × context × expert), whatever order the runtime lists the
+devices in (arXiv 2511.17127 §2: expert parallelism inside the 8-GPU node, data parallelism across nodes).
+
 `check_layout(config, sizes)` is the one up-front check that a config can run on a mesh of the given sizes
 (batch and sequence splits); launchers call it before any work, and the elastic restart uses it to pick a
 mesh.
@@ -107,11 +114,31 @@ def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) ->
                           "choose an expert axis size that divides the expert count")
     shape = tuple(sizes[name] for name in AXES)
     axis_types = (AxisType.Auto,) * len(AXES)
+    if len({d.process_index for d in devices}) > 1:
+        return Mesh(hybrid_device_grid(sizes, devices), AXES, axis_types=axis_types)
     if len(devices) == len(jax.devices()):
         return jax.make_mesh(shape, AXES, axis_types=axis_types)
     import numpy as np
 
     return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=axis_types)
+
+
+def hybrid_device_grid(sizes: dict[str, int], devices: list):
+    """Devices [data, context, expert] for several nodes (one process each): DCN shape (nodes, 1, 1), ICI shape
+    (data / nodes, context, expert); node k holds data rows [k·data/nodes, (k+1)·data/nodes). Raises a one-line
+    ConfigError if `context` × `expert` does not fit in a node or `data` does not split over the nodes."""
+    from jax.experimental import mesh_utils
+
+    nodes = len({d.process_index for d in devices})
+    per_node = len(devices) // nodes
+    inner = sizes["context"] * sizes["expert"]
+    if sizes["data"] % nodes or inner * (sizes["data"] // nodes) != per_node:
+        raise ConfigError(f"mesh {sizes} over {nodes} nodes of {per_node} devices: only mesh.data spans nodes "
+                          f"(context and expert stay inside a node), so mesh.data must be a multiple of {nodes} and "
+                          f"context x expert ({inner}) must divide the {per_node} devices of a node")
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return mesh_utils.create_hybrid_device_mesh((sizes["data"] // nodes, sizes["context"], sizes["expert"]),
+                                                (nodes, 1, 1), ordered, process_is_granule=True)
 
 
 def axis_size(mesh: Mesh, *names: str) -> int:

@@ -53,6 +53,9 @@ def add_to(config: ml_collections.ConfigDict) -> None:
             grad_reduce_dtype="float32",
             loss_chunk=1024,  # sequence positions per cross-entropy chunk (tied head + log-softmax)
             log_every=10,
+            # jax's persistent compilation cache: "" = $JAX_COMPILATION_CACHE_DIR if set, else <workdir>/xla_cache
+            # (launchers without a workdir: ~/.cache/zaya_jax/xla_cache); "none" = off (launch/cli.py)
+            compilation_cache_dir="",
             run_name="",  # TensorBoard run name (events in <workdir>/tensorboard/<run_name>); "" = workdir's name
             eval_every=0,
             eval_batches=4,
