@@ -283,9 +283,11 @@ def test_compile_scaling_hlo_size():
     assert all(row["compile_s"] > 0 for row in result["rows"])
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
+def _launch(*args: str, xla_flags: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("XLA_FLAGS", None)  # the launcher sets the device count itself (--cpu_devices, default 8)
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     proc = subprocess.run([sys.executable, "-m", "launch.plan", f"--config={TINY}", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -311,6 +313,14 @@ def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
     # what the compiled step sends in its all-to-alls
     minimum = result["projection"]["zero1_minimum_wire_bytes"]
     assert minimum["expert_all_to_all"] == pytest.approx(result["collectives"]["all-to-all"]["wire_bytes"])
+
+
+def test_cpu_devices_flag_wins_over_inherited_xla_flags(tmp_path):
+    """`--cpu_devices=16 --mesh=data:16` plans on 16 devices although XLA_FLAGS asks for 8 (a user's shell)."""
+    out = tmp_path / "plan.json"
+    _launch("--cpu_devices=16", "--mesh=data:16", "--seq_len=64", "--remat=none", f"--out={out}",
+            xla_flags="--xla_force_host_platform_device_count=8")
+    assert json.loads(out.read_text())["setup"]["mesh"] == {"data": 16, "context": 1, "expert": 1}
 
 
 def test_sweep_writes_csv_and_png(tmp_path):
