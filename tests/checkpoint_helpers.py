@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLA_CACHE = os.environ.get("ZAYA_TEST_XLA_CACHE") or os.path.join(tempfile.gettempdir(), "zaya_jax_test_xla_cache")
 STEPS = 8
 CONFIG = "experiments/zaya1_tiny.py"
-_SCRUB = ("ZAYA_FAULTS", "ZAYA_AVAILABLE_DEVICES", "ZAYA_EVENT_LOG", "ZAYA_HEARTBEAT_FILE", "XLA_FLAGS")
+_SCRUB = ("ZAYA_FAULTS", "ZAYA_AVAILABLE_DEVICES", "ZAYA_EVENT_LOG", "ZAYA_HEARTBEAT_FILE", "XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
 
 
 def config_overrides(data_dir: str, *, every: int = 2) -> list[str]:

@@ -211,7 +211,8 @@ def test_check_layout_and_the_elastic_shrink(monkeypatch):
     assert config.mesh.data == -1
     ctx = tiny_mesh_config(dict(data=-1, expert=2, context=2))
     assert elastic.shrink_mesh(ctx, 6) == dict(data=1, expert=2, context=2)  # 6 devices: 4 used, as much CP/EP kept
-    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # recorded, so the value use_devices sets is undone
+    assert len(jax.devices()) == 8  # the backend runs: use_devices only changes what a new process sees
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "3,4,5,6")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     elastic.use_devices(2)
