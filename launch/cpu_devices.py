@@ -18,9 +18,9 @@ import re
 import sys
 
 from zaya_jax import host_memory
+from zaya_jax.checkpoint.elastic import NUM_CPU_DEVICES_ENV
 
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
-NUM_CPU_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"
 
 
 def running_a_launcher() -> bool:
