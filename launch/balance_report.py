@@ -8,9 +8,10 @@ steps and the eval loss) under `--out`, and prints the summary.
 """
 
 import json
-import sys
 
-from absl import app, flags
+from absl import flags
+
+from launch import cli
 
 _RUNS = flags.DEFINE_list("runs", None, "label=workdir pairs of finished training runs.")
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
@@ -27,14 +28,14 @@ def main(argv):
     for item in _RUNS.value:
         label, sep, workdir = item.partition("=")
         if not sep or not label or not workdir:
-            sys.exit(f"balance_report: --runs entry {item!r} is not label=workdir")
+            cli.fail("balance_report", f"--runs entry {item!r} is not label=workdir, e.g. --runs=old=runs/a,new=runs/b")
         runs[label] = workdir
     try:
         summary = report(runs, _OUT.value, last=_LAST.value, title=_TITLE.value)
     except (OSError, ValueError) as err:
-        sys.exit(f"balance_report: error: {err}")
+        cli.fail("balance_report", str(err))
     print(json.dumps(summary, indent=2))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "balance_report", jax_flags=False)

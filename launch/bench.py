@@ -8,11 +8,13 @@
     python -m launch.bench --suite=compile --out=benchmarks/compile               # compile time vs depth
     python -m launch.bench --suite=checkpoint --out=benchmarks/checkpoint         # Orbax save vs raw disk
 
-CPU device emulation: XLA reads `--xla_force_host_platform_device_count` once, when jax is first
-imported, i.e. before absl parses flags. This module therefore peeks at `sys.argv` for
-`--cpu_devices=N` at import time (`launch.cpu_devices`; default 8, 0 = leave XLA_FLAGS alone)
-and appends the XLA flag unless XLA_FLAGS already sets it. The flag only affects the CPU
-platform, so it is harmless on GPU hosts. jax is imported lazily inside the suite runners.
+Every suite writes `<suite>.csv`, `<suite>.md` (the machine and the exact command next to the results) and
+its plots into `--out`. `--config=file.py[:arg]` (with `--config.x=...` overrides) picks the model of the
+train / moe / compile / checkpoint suites (default experiments/zaya1_100m.py).
+
+CPU device emulation: `--cpu_devices=N` (`launch.cpu_devices`; default 8, 1 for the single-device suites
+train / moe / compile / checkpoint; 0 = as the environment says) sets jax's CPU device count before the
+backend starts; a count given on the command line wins over one in XLA_FLAGS.
 
 Suites live in the `SUITES` registry: add one with `register_suite("train", "help")` on a
 function `(flags.FlagValues) -> None`; no other change is needed.
@@ -20,18 +22,21 @@ function `(flags.FlagValues) -> None`; no other change is needed.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
-import sys
+from launch.cpu_devices import prepare_host
 
-from launch.cpu_devices import emulate_from_argv
+prepare_host()
+
+from absl import flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from launch import cli, cpu_devices  # noqa: E402
 
 # Single-device suites default to 1 emulated device: XLA:CPU splits the host's threads between emulated
 # devices, so a one-device computation runs ~3x slower on a 2-core host with 8 emulated devices.
 ONE_DEVICE_SUITES = ("train", "moe", "compile", "checkpoint")
-emulate_from_argv(default=1 if any(a in (f"--suite={s}" for s in ONE_DEVICE_SUITES) for a in sys.argv) else 8)
-
-from absl import app, flags  # noqa: E402
 
 Runner = Callable[[flags.FlagValues], None]
 SUITES: dict[str, tuple[Runner, str]] = {}
@@ -107,13 +112,11 @@ def _run_membw(f: flags.FlagValues) -> None:
 
 
 def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = False):
-    """The --config (else `default`), validated; `quick_model`: a validated copy with the bench's tiny model."""
-    import os
-
+    """--config (validated), else the config file `default` (a path under experiments/); `quick_model`: a
+    validated copy with the bench's tiny model."""
     from zaya_jax.config import load_config, validate
 
-    path = f.config or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), default)
-    config = load_config(path)
+    config = validate(f.config) if f.config is not None else load_config(default)
     if not quick_model:
         return config
     from zaya_jax.bench.train import QUICK_MODEL
@@ -216,8 +219,8 @@ flags.DEFINE_list("collectives", None, "collectives: subset of all_reduce, reduc
                                        "broadcast, all_to_all, ppermute")
 flags.DEFINE_integer("gemm_tokens", None, "gemm: tokens per device T for the ZAYA1 shapes")
 flags.DEFINE_float("max_gflop", None, "gemm: skip shapes above this many GFLOP")
-flags.DEFINE_string("config", None, "train/moe/compile/checkpoint: experiment config file (default "
-                                    "experiments/zaya1_100m.py)")
+config_flags.DEFINE_config_file("config", None, "train/moe/compile/checkpoint: experiment config file[:arg] "
+                                "(default experiments/zaya1_100m.py); --config.x=... overrides")
 flags.DEFINE_integer("batch", None, "train: global batch size override")
 flags.DEFINE_integer("seq_len", None, "train: sequence length override")
 flags.DEFINE_string("dispatch", None, "train: model.dispatch override (auto, grouped, ragged, capacity, ep, dense)")
@@ -233,8 +236,8 @@ flags.DEFINE_list("dispatches", None, "moe: subset of dense, ragged, capacity, g
 flags.DEFINE_list("capacity_factors", None, "moe: capacity factors for capacity / ep (default 2.0, 1.25)")
 flags.DEFINE_list("depths", None, "compile: layer counts (default 8, 40, 80)")
 flags.DEFINE_string("ckpt_dir", None, "checkpoint: directory on the disk to measure (default: the temp dir)")
-flags.DEFINE_integer("cpu_devices", 8, "emulated CPU devices (read from argv before jax is imported; "
-                                       "0 = keep XLA_FLAGS; default 1 for the train/moe/compile/checkpoint suites)")
+cpu_devices.define_flag(None, "emulated CPU devices (default 8, 1 for the train/moe/compile/checkpoint "
+                              "suites; 0 = as the environment says; wins over XLA_FLAGS' device count when given)")
 flags.DEFINE_string("coordinator_address", None, "multi-process: jax.distributed coordinator host:port")
 flags.DEFINE_integer("num_processes", None, "multi-process: number of processes")
 flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
@@ -243,9 +246,13 @@ flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
 def main(argv: list[str]) -> None:
     del argv
     if FLAGS.suite not in SUITES:
-        raise app.UsageError(f"--suite={FLAGS.suite!r}; choose one of {sorted(SUITES)}")
+        cli.fail("bench", f"--suite={FLAGS.suite!r}; choose one of {sorted(SUITES)}")
     if FLAGS.out is None:
-        raise app.UsageError("--out is required")
+        cli.fail("bench", "--out is required, e.g. --out=benchmarks/" + FLAGS.suite)
+    if FLAGS.cpu_devices is None:
+        cpu_devices.emulate(1 if FLAGS.suite in ONE_DEVICE_SUITES else 8, explicit=False)
+    if FLAGS.suite == "compile":
+        cli.compilation_cache("none")  # compile times are what it measures: no persistent cache hits
     import jax
 
     if FLAGS.coordinator_address:
@@ -258,4 +265,4 @@ def main(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("suite")
-    app.run(main)
+    cli.run(main, "bench")

@@ -13,7 +13,14 @@
   a save, a crash); EXIT_BAD_INPUT (78, sysexits' EX_CONFIG) bad input or usage: the same command fails the
   same way again, so `launch.supervise` does not restart it.
 * Progress bars are closed before an error is printed (the line never ends up glued to a bar), and warnings
-  raised by zaya_jax code print as `PROG: warning: ...`.
+  raised by zaya_jax or launcher code print as `PROG: warning: ...`.
+* Host setup before `main` (`jax_flags=True`, every launcher but the jax-free `launch.supervise`): jax's own
+  options are flags too (`jax.config.config_with_absl()`: `--jax_platforms=cpu`, `--jax_num_cpu_devices=4`, ...),
+  `--cpu_devices` emulates CPU devices (`launch.cpu_devices`), a persistent compilation cache is switched on
+  (`compilation_cache`), and jax's probe for a TPU runtime stays off the console.
+* `--config=experiments/NAME.py[:arg]` also works outside a checkout (after `pip install .`): a path under
+  `experiments/` that does not exist relative to the working directory is looked up among the installed
+  configs (`zaya_jax.config.resolve_config_path`).
 """
 
 from __future__ import annotations
@@ -25,10 +32,15 @@ import traceback
 import warnings
 from typing import Callable, NoReturn
 
+import logging
+
 from absl import app, flags
 
 EXIT_FAILURE, EXIT_BAD_INPUT = 1, 78
-_PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "zaya_jax")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN_DIRS = tuple(os.path.join(_REPO, name) + os.sep for name in ("zaya_jax", "launch"))
+USER_CACHE = os.path.join("~", ".cache", "zaya_jax", "xla_cache")  # launchers without a workdir
+USER_CACHE_MAX_BYTES = 8 << 30  # least recently used entries of the per-user cache go beyond this
 # (module, class) of the library's one-line errors; a class can only be raised once its module is imported
 _KNOWN = (("zaya_jax.config", "ConfigError"), ("zaya_jax.data.tokenizer", "DataError"),
           ("zaya_jax.checkpoint.errors", "CheckpointError"), ("zaya_jax.hf.config", "HFConversionError"),
@@ -90,9 +102,23 @@ def _config_load_error(err: BaseException, argv: list[str]) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
+def _resolve_config_args(argv: list[str]) -> list[str]:
+    """`--config=experiments/x.py[:arg]` → the installed copy when the path does not exist here."""
+    from zaya_jax.config import resolve_config_path
+
+    names = _config_flag_names()
+    out = []
+    for arg in argv:
+        match = re.match(r"--(\w+)=(.*)", arg)
+        if match and match.group(1) in names:
+            arg = f"--{match.group(1)}={resolve_config_path(match.group(2))}"
+        out.append(arg)
+    return out
+
+
 def _parse_flags(argv: list[str], prog: str) -> list[str]:
     try:
-        rest = flags.FLAGS(argv)
+        rest = flags.FLAGS(_resolve_config_args(argv))
         for name in _config_flag_names():
             value = flags.FLAGS[name].value
             if value is not None:
@@ -106,7 +132,7 @@ def _parse_flags(argv: list[str], prog: str) -> list[str]:
 
 def _show_warning(prog: str, previous: Callable):
     def show(message, category, filename, lineno, file=None, line=None):
-        if os.path.abspath(filename).startswith(_PACKAGE_DIR):
+        if os.path.abspath(filename).startswith(_OWN_DIRS):
             tqdm = sys.modules.get("tqdm")  # clears and redraws progress bars around the line
             write = tqdm.tqdm.write if tqdm is not None else print
             write(f"{prog}: warning: {message}", file=file or sys.stderr)
@@ -115,14 +141,61 @@ def _show_warning(prog: str, previous: Callable):
     return show
 
 
-def run(main: Callable[[list[str]], None], prog: str) -> None:
-    """`absl.app.run(main)` with the behaviour of the module docstring."""
+class _NoTpuProbe(logging.Filter):
+    """Drops jax's INFO line about the TPU runtime it looks for on every start (this project never uses one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Unable to initialize backend") or "'tpu'" not in record.getMessage()
+
+
+def compilation_cache(configured: str = "", default: str = USER_CACHE) -> str | None:
+    """Switch on jax's persistent compilation cache; returns its directory (None: off).
+
+    configured: a config field's value: a directory, "none" (off) or "" (keep a directory set by
+    $JAX_COMPILATION_CACHE_DIR / --jax_compilation_cache_dir, else use `default`). The per-user default keeps
+    at most USER_CACHE_MAX_BYTES (least recently used entries are dropped)."""
+    import jax
+
+    if configured.strip().lower() == "none":
+        jax.config.update("jax_compilation_cache_dir", None)
+        return None
+    directory = configured or jax.config.jax_compilation_cache_dir or default
+    directory = os.path.abspath(os.path.expanduser(directory))
+    if directory == os.path.abspath(os.path.expanduser(USER_CACHE)) and jax.config.jax_compilation_cache_max_size < 0:
+        jax.config.update("jax_compilation_cache_max_size", USER_CACHE_MAX_BYTES)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    return directory
+
+
+def _setup_host() -> None:
+    """Emulated CPU devices and the compilation cache, from the parsed flags (before `main`)."""
+    from launch import cpu_devices
+
+    cpu_devices.apply_flag()
+    configured = ""
+    for name in _config_flag_names():
+        config = flags.FLAGS[name].value
+        if config is not None and "train" in config:
+            configured = str(config.train.get("compilation_cache_dir", "") or "")
+    workdir = flags.FLAGS["workdir"].value if "workdir" in flags.FLAGS else None
+    compilation_cache(configured, os.path.join(workdir, "xla_cache") if workdir else USER_CACHE)
+
+
+def run(main: Callable[[list[str]], None], prog: str, *, jax_flags: bool = True) -> None:
+    """`absl.app.run(main)` with the behaviour of the module docstring (`jax_flags=False`: no jax import)."""
     if "verbose" not in flags.FLAGS:
         flags.DEFINE_bool("verbose", False, "Show the traceback of an error (default: one line).")
     warnings.showwarning = _show_warning(prog, warnings.showwarning)
+    if jax_flags:
+        import jax
+
+        jax.config.config_with_absl()
+        logging.getLogger("jax._src.xla_bridge").addFilter(_NoTpuProbe())
 
     def guarded(argv: list[str]) -> None:
         try:
+            if jax_flags:
+                _setup_host()
             main(argv)
         except known_errors() as err:
             if flags.FLAGS.verbose:

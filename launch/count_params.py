@@ -3,9 +3,10 @@
   python -m launch.count_params --config=experiments/zaya1_base.py
 """
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from launch import cli
 from zaya_jax.config import validate
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.", lock_config=True)
@@ -22,4 +23,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "count_params")

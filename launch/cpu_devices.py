@@ -1,35 +1,26 @@
-"""Emulated CPU devices for the launchers.
+"""Host setup shared by the launchers: emulated CPU devices and glibc's huge-page tunable.
 
-XLA reads `--xla_force_host_platform_device_count` once, when jax is first imported — before absl
-parses flags. Launchers therefore call `emulate_from_argv()` at import time: it peeks at
-`--cpu_devices=N` in `sys.argv` (default given by the launcher; 0 = leave XLA_FLAGS alone) and appends
-the XLA flag unless XLA_FLAGS already sets it. The flag only affects the CPU platform, so it is
-harmless on GPU hosts.
-
-On a CPU-only host, a launcher run as a program (`python -m launch.X`) is first re-executed once with
-glibc's huge-page tunable for large malloc blocks (`zaya_jax.host_memory`: ≈ 450k fewer page faults and
-≈ 15–20% less time per 100M-model step); $ZAYA_DEFAULT_MALLOC=1 turns that off.
+* `--cpu_devices=N` (`define_flag`) emulates N CPU devices through jax's `jax_num_cpu_devices` option, set after
+  flags are parsed and before the backend starts (`launch.cli.run` calls `apply_flag`). A count given on the
+  command line wins over one inherited through `XLA_FLAGS=--xla_force_host_platform_device_count=M` or
+  `$JAX_NUM_CPU_DEVICES`; the flag's default only applies when neither sets one. 0 leaves the count alone.
+  The option only affects the CPU platform, so it is harmless on GPU hosts.
+* `prepare_host()`, at a launcher's import time (before jax is imported): on a CPU-only host, a launcher run as
+  a program (`python -m launch.X`) is re-executed once with glibc's huge-page tunable for large malloc blocks
+  (`zaya_jax.host_memory`: ≈ 450k fewer page faults and ≈ 15–20% less time per 100M-model step);
+  $ZAYA_DEFAULT_MALLOC=1 turns that off.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from zaya_jax import host_memory
+from zaya_jax.checkpoint.elastic import NUM_CPU_DEVICES_ENV
 
 LAUNCH_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-def peek_cpu_devices(argv: list[str], default: int) -> int:
-    """Value of --cpu_devices in argv (forms `--cpu_devices=N` and `--cpu_devices N`); `default` if it is not
-    an integer (flag parsing then reports the bad value)."""
-    for i, arg in enumerate(argv):
-        value = arg.split("=", 1)[1] if arg.startswith("--cpu_devices=") else (
-            argv[i + 1] if arg == "--cpu_devices" and i + 1 < len(argv) else None)
-        if value is not None:
-            return int(value) if value.strip().lstrip("-").isdigit() else default
-    return default
 
 
 def running_a_launcher() -> bool:
@@ -42,18 +33,60 @@ def running_a_launcher() -> bool:
     return bool(path) and os.path.dirname(os.path.abspath(path)) == LAUNCH_DIR
 
 
-def emulate_from_argv(default: int = 8, argv: list[str] | None = None) -> None:
+def prepare_host() -> None:
+    """Re-execute a launcher once with the huge-page tunable (CPU-only hosts; see the module docstring)."""
     if running_a_launcher():
         host_memory.restart_with_huge_pages()  # returns unless it re-executes
-    if "jax" in sys.modules:  # too late to change the device count once jax is imported
+
+
+def inherited_count() -> int | None:
+    """The CPU device count the environment already asks for ($JAX_NUM_CPU_DEVICES or XLA_FLAGS), else None."""
+    raw = os.environ.get(NUM_CPU_DEVICES_ENV, "").strip()
+    if raw.lstrip("-").isdigit() and int(raw) >= 0:
+        return int(raw)
+    match = re.search(r"--xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    return int(match.group(1)) if match else None
+
+
+def emulate(count: int, *, explicit: bool = True) -> None:
+    """Ask jax for `count` CPU devices (before its backend starts). `explicit=False` (a default value) leaves an
+    inherited count alone; 0 does nothing."""
+    if count <= 0 or (not explicit and inherited_count() is not None):
         return
-    n = peek_cpu_devices(sys.argv if argv is None else argv, default)
-    flags_env = os.environ.get("XLA_FLAGS", "")
-    if n > 0 and "xla_force_host_platform_device_count" not in flags_env:
-        os.environ["XLA_FLAGS"] = f"{flags_env} --xla_force_host_platform_device_count={n}".strip()
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", int(count))
+
+
+def define_flag(default: int | None, help_text: str | None = None) -> None:
+    """Define --cpu_devices (default `default`; None = the launcher decides in `main`)."""
+    from absl import flags
+
+    flags.DEFINE_integer("cpu_devices", default, help_text or "Emulated CPU devices when no accelerator is present "
+                         "(wins over XLA_FLAGS' device count; 0 = as the environment says).", lower_bound=0)
+
+
+def apply_flag() -> None:
+    """`emulate(--cpu_devices)` if the launcher defines the flag and it has a value."""
+    from absl import flags
+
+    if "cpu_devices" in flags.FLAGS and flags.FLAGS.cpu_devices is not None:
+        emulate(flags.FLAGS.cpu_devices, explicit=flags.FLAGS["cpu_devices"].present)
 
 
 if __name__ == "__main__":  # python -m launch.cpu_devices [--cpu_devices=N]: show the host setup a launcher gets
-    emulate_from_argv(default=8)
-    print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}")
-    print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
+    prepare_host()
+    from launch import cli
+
+    define_flag(8)
+
+    def _show(argv):
+        del argv
+        import jax
+
+        print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}")
+        print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
+        print(f"jax_num_cpu_devices={jax.config.jax_num_cpu_devices}")
+        print(f"devices={jax.device_count()} ({jax.default_backend()})")
+
+    cli.run(_show, "cpu_devices")

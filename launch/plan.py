@@ -1,11 +1,11 @@
 """Plan a training run on an emulated CPU mesh: memory per device, FLOPs (XLA vs analytic), collective bytes
 and a projected step time / MFU on the paper's cluster — from abstract shapes, nothing allocated.
 
-    python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096
-    python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq=4096 --remat=auto --out=plan.json
+    python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq_len=4096
+    python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --seq_len=4096 --remat=auto --out=plan.json
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8 --compile_scaling
-    python -m launch.plan --config=experiments/zaya1_base.py --mesh=context:8 --seq=32768  # context-parallel CCA
-    python -m launch.plan --config=experiments/zaya1_base.py --seq=4096 --microbatches=8 \
+    python -m launch.plan --config=experiments/zaya1_base.py --mesh=context:8 --seq_len=32768  # context-parallel CCA
+    python -m launch.plan --config=experiments/zaya1_base.py --seq_len=4096 --microbatches=8 \
         --sweep=data:8,64,128,1024 --out=plan_sweep   # scaling curve: sweep.csv + sweep.png
 
 The report ends with four lines: executed / analytic hardware FLOPs, optimizer / Newton-Schulz FLOPs,
@@ -21,9 +21,9 @@ a small width for 8 / 40 / 80 layers and reports compile times and HLO sizes (th
 80-layer program must cost < 1.5× the 8-layer one). See `zaya_jax/plan.py` for where every number comes from.
 """
 
-from launch.cpu_devices import emulate_from_argv
+from launch.cpu_devices import prepare_host
 
-emulate_from_argv(default=8)  # before anything imports jax
+prepare_host()
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -31,15 +31,16 @@ import sys  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the plan is made on the (emulated) CPU mesh
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from launch import cli, cpu_devices  # noqa: E402
 from zaya_jax.config import PARAM_SHARDINGS, REMAT_POLICIES  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).",
                                           lock_config=True)
 flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8 or data:2,expert:4 (default: the config's mesh)")
-flags.DEFINE_integer("seq", None, "sequence length (default: config.train.seq_len)")
+flags.DEFINE_integer("seq_len", None, "sequence length (default: config.train.seq_len)")
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.sizing.HARDWARE)")
@@ -66,7 +67,7 @@ flags.DEFINE_bool("compile_scaling", False, "measure compile time / HLO size for
 flags.DEFINE_list("scaling_depths", ["8", "40", "80"], "depths for --compile_scaling")
 flags.DEFINE_string("out", None, "write the result as JSON here (with --sweep: the output folder, "
                                   "default plan_sweep)")
-flags.DEFINE_integer("cpu_devices", 8, "emulated CPU devices (read from argv before jax is imported)")
+cpu_devices.define_flag(8, "emulated CPU devices (wins over XLA_FLAGS' device count)")
 FLAGS = flags.FLAGS
 GB = 1e9
 
@@ -194,7 +195,7 @@ def _cluster():
                        nic_efficiency=FLAGS.nic_efficiency, alpha_xgmi=FLAGS.alpha_xgmi_us * 1e-6,
                        alpha_nic=FLAGS.alpha_nic_us * 1e-6, hbm_efficiency=FLAGS.hbm_efficiency)
     except ValueError as err:
-        raise SystemExit(f"plan: error: {err}") from None
+        cli.fail("plan", str(err))
 
 
 def main(argv):
@@ -208,11 +209,11 @@ def main(argv):
     mesh_text = None if FLAGS.sweep else FLAGS.mesh  # a sweep sets the mesh of every point itself
     try:
         cfg, notes = planner.planning_config(
-            config, mesh=planner.parse_mesh(mesh_text) if mesh_text else None, seq_len=FLAGS.seq,
+            config, mesh=planner.parse_mesh(mesh_text) if mesh_text else None, seq_len=FLAGS.seq_len,
             batch_per_device=FLAGS.batch_per_device, microbatches=FLAGS.microbatches, remat=remat,
             param_sharding=FLAGS.param_sharding, dispatch=dispatch, capacity_factor=FLAGS.capacity_factor or None)
     except ConfigError as err:
-        raise SystemExit(f"plan: error: {err}") from None
+        cli.fail("plan", str(err))
     for note in notes:
         print(f"note: {note}")
     if FLAGS.sweep:
@@ -224,9 +225,10 @@ def main(argv):
                       f"{name}: seq {cfg.train.seq_len}, {cfg.train.microbatches} micro-batch(es), "
                       f"remat={cfg.model.remat}")
         except ValueError as err:
-            raise SystemExit(f"plan: error: {err}") from None
+            cli.fail("plan", str(err))
         return
     if FLAGS.compile_scaling:
+        cli.compilation_cache("none")  # compile times are what it measures: no persistent cache hits
         result = planner.compile_scaling(planner.small_width(cfg), tuple(int(d) for d in FLAGS.scaling_depths),
                                          fast_compile=False)
         for row in result["rows"]:
@@ -245,4 +247,4 @@ def main(argv):
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(main)
+    cli.run(main, "plan")

@@ -68,14 +68,6 @@ def passthrough(argv: list[str]) -> list[str]:
     return out
 
 
-def _child_env() -> dict[str, str]:
-    """Environment for a point: the device count comes from its own --cpu_devices, not the parent's XLA_FLAGS."""
-    env = dict(os.environ)
-    flags = [f for f in env.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
-    env["XLA_FLAGS"] = " ".join(flags)
-    return env
-
-
 def run_point(point: dict[str, int], argv: list[str], out_dir: str) -> dict:
     """Plan one point in a subprocess; returns its result dict (report text in plan_<mesh>.txt)."""
     label = mesh_text(point).replace(":", "").replace(",", "_")
@@ -83,12 +75,12 @@ def run_point(point: dict[str, int], argv: list[str], out_dir: str) -> dict:
     devices = math.prod(point.values())
     cmd = [sys.executable, "-m", "launch.plan", *passthrough(argv), f"--mesh={mesh_text(point)}",
            f"--cpu_devices={devices}", f"--out={json_path}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=_child_env())
+    proc = subprocess.run(cmd, capture_output=True, text=True)  # its own --cpu_devices wins over XLA_FLAGS
     with open(text_path, "w", encoding="utf-8") as f:
         f.write(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        raise SystemExit(f"plan: error: sweep point {mesh_text(point)} failed: {tail[0]} (full log: {text_path})")
+        raise ValueError(f"sweep point {mesh_text(point)} failed: {tail[0]} (full log: {text_path})")
     with open(json_path, encoding="utf-8") as f:
         return json.load(f)
 

@@ -3,7 +3,8 @@
     # reshard (e.g. 2 data x 4 expert -> 4 data x 2 expert, ZeRO-1 -> FSDP), cast params to bf16
     python -m launch.reshard --src=runs/x/checkpoints --dst=/tmp/ck_4x2 --mesh=data:4,expert:2 \\
         --param_sharding=fsdp --dtype=bfloat16
-    # export the model (params + balancing biases) as a transformers checkpoint
+    # export the model (params + balancing biases) as a transformers checkpoint, with its tokenizer and
+    # generation config (AutoTokenizer / AutoModelForCausalLM load the folder alone)
     python -m launch.reshard --src=runs/x/checkpoints --to_hf=/tmp/hf_out [--hf_layout=legacy]
     # import a transformers checkpoint as step 0 of a training run (fresh optimizer state)
     python -m launch.reshard --from_hf=/tmp/hf_out --dst=runs/y/checkpoints --config=experiments/zaya1_tiny.py
@@ -15,28 +16,9 @@
 does not split over it) is refused before anything is read (`zaya_jax.train.schedule.check_layout`).
 """
 
-from launch.cpu_devices import emulate_from_argv, peek_cpu_devices
+from launch.cpu_devices import prepare_host
 
-
-def _mesh_devices(argv: list[str]) -> int:
-    for arg in argv:
-        if arg.startswith("--mesh="):
-            try:
-                sizes = [int(part.split(":", 1)[1]) for part in arg.split("=", 1)[1].split(",") if part]
-            except (IndexError, ValueError):
-                return 8
-            if sizes and all(s > 0 for s in sizes):
-                product = 1
-                for s in sizes:
-                    product *= s
-                return product
-    return 8
-
-
-if __name__ == "__main__":
-    import sys as _sys
-
-    emulate_from_argv(default=peek_cpu_devices(_sys.argv, _mesh_devices(_sys.argv)))
+prepare_host()
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -45,7 +27,7 @@ import warnings  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from launch import cli  # noqa: E402
+from launch import cli, cpu_devices  # noqa: E402
 from zaya_jax.config import PARAM_SHARDINGS  # noqa: E402
 
 _SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
@@ -55,29 +37,24 @@ _MESH = flags.DEFINE_string("mesh", None, "Target mesh, e.g. data:4,expert:2 (un
 _SHARDING = flags.DEFINE_enum("param_sharding", None, list(PARAM_SHARDINGS), "Target parameter layout.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Cast parameters (and optimizer state) to this.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Export the model to this Hugging Face directory.")
+_TOKENIZER = flags.DEFINE_string("tokenizer", None, "--to_hf: tokenizer to write next to the model ('byte' or a "
+                                  "tokenizer.json; default: the one the run used)")
 _HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor names of the export.")
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Import this Hugging Face directory as step 0 into --dst.")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Training config for --from_hf (default: defaults + "
                                           "the HF model).", lock_config=True)
-flags.DEFINE_integer("cpu_devices", None, "Emulated CPU devices (default: the --mesh product, else 8).")
+cpu_devices.define_flag(None, "Emulated CPU devices (default: the --mesh product, else 8; wins over XLA_FLAGS' "
+                               "device count when given).")
 
 GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "num_experts",
             "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1", "partial_rotary_factor")
 
 
 def parse_mesh(spec: str) -> dict[str, int]:
-    """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2}."""
-    from zaya_jax.checkpoint import CheckpointConfigError
-    from zaya_jax.parallel.mesh import AXES
+    """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2} (`zaya_jax.parallel.mesh.parse_mesh_spec`)."""
+    from zaya_jax.parallel.mesh import parse_mesh_spec
 
-    sizes = dict.fromkeys(AXES, 1)
-    for part in filter(None, spec.split(",")):
-        name, sep, value = part.partition(":")
-        if not sep or name not in AXES or not value.lstrip("-").isdigit():
-            raise CheckpointConfigError(f"--mesh={spec!r}: expected comma-separated axis:size with axes {AXES}, "
-                                  "e.g. data:4,expert:2")
-        sizes[name] = int(value)
-    return sizes
+    return parse_mesh_spec(spec)
 
 
 def _fresh_dir(path: str, flag: str) -> str:
@@ -119,6 +96,19 @@ def _bar(total: int, desc: str, unit: str = "B"):
     return tqdm(total=total, desc=desc, unit=unit, unit_scale=unit == "B", unit_divisor=1024, dynamic_ncols=True)
 
 
+def _saved_field_bytes(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[str, int]:
+    """{TrainState field: bytes on disk} from `Checkpointer.saved_shapes` ({'params/embed': (shape, dtype)})."""
+    import math
+
+    import jax.numpy as jnp
+
+    out: dict[str, int] = {}
+    for path, (shape, dtype) in shapes.items():
+        field = path.split("/", 1)[0]
+        out[field] = out.get(field, 0) + math.prod(shape) * jnp.dtype(dtype).itemsize
+    return out
+
+
 def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, param_sharding: str | None,
             dtype: str | None) -> dict:
     """Restore `src` onto the target mesh/layout/dtype and save it to `dst` (same step, meta carried over)."""
@@ -127,6 +117,7 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
     from zaya_jax.checkpoint.model_io import open_checkpoint
 
     ck, step, meta, config = open_checkpoint(src, step)
+    field_bytes = _saved_field_bytes(ck.saved_shapes(step, meta))
     ck.close()
     if mesh_spec:
         config.mesh.update(parse_mesh(mesh_spec))
@@ -140,12 +131,11 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
     dst, lock = _locked_dst(dst)
     import jax
 
-    bar = _bar(0, f"restore step {step}")  # the total grows as each TrainState field is read
+    bar = _bar(sum(field_bytes.values()), f"restore step {step}")  # bytes on disk, field by field
 
     def progress(name: str, nbytes: int) -> None:
-        bar.total = (bar.total or 0) + nbytes
         bar.set_postfix_str(name)
-        bar.update(nbytes)
+        bar.update(field_bytes.get(name, 0))
 
     config, step, meta, _, state, _ = load_train_state(src, mesh, config=config, step=step, progress=progress)
     bar.close()
@@ -165,6 +155,7 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
     """Write the checkpoint's model as a transformers directory (config.json + safetensors)."""
     from zaya_jax import hf
     from zaya_jax.checkpoint import load_model
+    from zaya_jax.hf.tokenizer_files import normalize_permissions, run_tokenizer, save_tokenizer_files
 
     out = _fresh_dir(out, "--to_hf")
     with _bar(2, "export", "stage") as bar:
@@ -175,8 +166,15 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
                           "skip slot, so its outputs will differ from this model's (use --hf_layout=legacy for "
                           "ports with the scaled-input skip)", stacklevel=2)
         hf.save_pretrained(model, out, layout=layout)
+        spec = _TOKENIZER.value or run_tokenizer(config.data)
+        if spec is None:
+            warnings.warn("the run's prepared data used a tokenizer.json this export cannot find: no tokenizer was "
+                          "written (pass --tokenizer=/path/tokenizer.json)", stacklevel=2)
+        else:
+            save_tokenizer_files(out, spec, config.model)
+        normalize_permissions(out)
         bar.update(1)
-    return {"to_hf": out, "layout": layout, "param_dtype": config.model.param_dtype}
+    return {"to_hf": out, "layout": layout, "param_dtype": config.model.param_dtype, "tokenizer": spec}
 
 
 def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype: str | None) -> dict:
@@ -218,10 +216,22 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
     return {"dst": dst, "step": 0, "mesh": meta["mesh"], "bytes": info["bytes"]}
 
 
+def _default_devices() -> None:
+    """Without --cpu_devices: as many emulated devices as --mesh uses (else 8), unless the environment sets a count."""
+    if flags.FLAGS.cpu_devices is not None:
+        return
+    sizes = parse_mesh(_MESH.value) if _MESH.value else {}
+    product = 1
+    for size in sizes.values():
+        product *= size
+    cpu_devices.emulate(product if sizes and min(sizes.values()) > 0 else 8, explicit=False)
+
+
 def main(argv) -> None:
     del argv
     from zaya_jax.config import validate
 
+    _default_devices()
     src, dst, to_hf, from_hf = _SRC.value, _DST.value, _TO_HF.value, _FROM_HF.value
     if from_hf:
         if src or to_hf or not dst:

@@ -27,7 +27,6 @@ Every event goes to the JSONL event log shared with the trainer (`--event_log`, 
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -35,7 +34,11 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
+from absl import flags
+
+from launch import cli
 from launch.cli import EXIT_BAD_INPUT
 from zaya_jax.checkpoint.elastic import AVAILABLE_DEVICES_ENV
 from zaya_jax.checkpoint.events import ATTEMPT_ENV, EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
@@ -43,39 +46,32 @@ from zaya_jax.checkpoint.faults import available_devices_file, read_available_de
 
 
 _STEP_EVENTS = ("save", "fault", "preempted", "finish")
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("max_restarts", 10, "restarts before giving up", lower_bound=0)
+flags.DEFINE_float("heartbeat_timeout", 600.0, "s without a new step while training", lower_bound=0)
+flags.DEFINE_float("startup_timeout", 1800.0, "s until the first step / after the last", lower_bound=0)
+flags.DEFINE_float("backoff", 5.0, "first restart delay (s), doubled per failure", lower_bound=0)
+flags.DEFINE_float("max_backoff", 300.0, "longest restart delay (s)", lower_bound=0)
+flags.DEFINE_string("workdir", None, "default: the trainer's --workdir")
+flags.DEFINE_string("checkpoint_dir", None, "default: --config.checkpoint.dir or <workdir>/checkpoints")
+flags.DEFINE_string("event_log", None, "default: <workdir>/events.jsonl")
+flags.DEFINE_string("available_devices_file", None, "default: <workdir>/available_devices")
+flags.DEFINE_integer("devices", None, "initial available device count", lower_bound=1)
+flags.DEFINE_float("grace", 120.0, "s a signalled trainer gets to save and exit", lower_bound=0)
+flags.DEFINE_float("poll", 0.5, "s between checks of the trainer", lower_bound=0.01)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"supervise: error: {message} (see --help)", file=sys.stderr)
-        sys.exit(EXIT_BAD_INPUT)
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="python -m launch.supervise", description=__doc__.split("\n")[0])
-    if "--" not in argv and not {"-h", "--help"} & set(argv):
-        p.error("put the trainer command after `--`, e.g. "
-                "python -m launch.supervise -- python -m launch.train --config=... --workdir=...")
-    split = argv.index("--") if "--" in argv else len(argv)
-    p.add_argument("--max_restarts", type=int, default=10)
-    p.add_argument("--heartbeat_timeout", type=float, default=600.0, help="s without a new step while training")
-    p.add_argument("--startup_timeout", type=float, default=1800.0, help="s until the first step / after the last")
-    p.add_argument("--backoff", type=float, default=5.0, help="first restart delay (s), doubled per failure")
-    p.add_argument("--max_backoff", type=float, default=300.0)
-    p.add_argument("--workdir", default=None, help="default: the trainer's --workdir")
-    p.add_argument("--checkpoint_dir", default=None, help="default: --config.checkpoint.dir or <workdir>/checkpoints")
-    p.add_argument("--event_log", default=None)
-    p.add_argument("--available_devices_file", default=None)
-    p.add_argument("--devices", type=int, default=None, help="initial available device count")
-    p.add_argument("--grace", type=float, default=120.0, help="s a signalled trainer gets to save and exit")
-    p.add_argument("--poll", type=float, default=0.5)
-    args = p.parse_args(argv[:split])
-    args.command = argv[split + 1:]
-    if not args.command:
-        p.error("no trainer command after `--`")
+def settings(command: list[str]) -> types.SimpleNamespace:
+    """The supervisor's settings from the parsed flags and the trainer `command` (what followed `--`)."""
+    if not command:
+        cli.fail("supervise", "put the trainer command after `--`, e.g. python -m launch.supervise -- "
+                 "python -m launch.train --config=... --workdir=...")
+    args = types.SimpleNamespace(**{name: FLAGS[name].value for name in (
+        "max_restarts", "heartbeat_timeout", "startup_timeout", "backoff", "max_backoff", "workdir", "checkpoint_dir",
+        "event_log", "available_devices_file", "devices", "grace", "poll")}, command=list(command))
     args.workdir = args.workdir or _flag_value(args.command, "--workdir")
     if not args.workdir:
-        p.error("pass --workdir (or --workdir=... in the trainer command)")
+        cli.fail("supervise", "pass --workdir (or --workdir=... in the trainer command)")
     args.workdir = os.path.abspath(args.workdir)
     args.checkpoint_dir = os.path.abspath(args.checkpoint_dir or _flag_value(args.command, "--config.checkpoint.dir")
                                           or os.path.join(args.workdir, "checkpoints"))
@@ -101,7 +97,7 @@ def committed_steps(directory: str) -> list[int]:
 
 
 class Supervisor:
-    def __init__(self, args: argparse.Namespace):
+    def __init__(self, args: types.SimpleNamespace):
         self.args = args
         os.makedirs(args.workdir, exist_ok=True)
         self.events = EventLog(args.event_log, "supervisor")
@@ -273,9 +269,10 @@ class Supervisor:
             time.sleep(min(0.2, max(end - time.time(), 0.0)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    return Supervisor(parse_args(sys.argv[1:] if argv is None else argv)).run()
+def main(argv: list[str]) -> None:
+    """absl main: `argv[1:]` is the trainer command (absl stops parsing at `--`)."""
+    sys.exit(Supervisor(settings(argv[1:])).run())
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.run(main, "supervise", jax_flags=False)

@@ -5,32 +5,31 @@
 Any config field can be overridden with `--config.<field>=<value>`. Multi-process runs call
 `jax.distributed.initialize`: pass `--coordinator_address=host:port --num_processes=N --process_id=i`,
 or nothing under SLURM (jax reads the SLURM environment). On a CPU-only host, `--cpu_devices=N`
-(default 8) emulates N devices so meshes such as 2 data × 4 expert run anywhere.
+(default 8) emulates N devices so meshes such as 2 data × 4 expert run anywhere. Compiled programs are
+cached in `<workdir>/xla_cache` (`train.compilation_cache_dir`).
 
 Before any work the layout is checked (`zaya_jax.train.schedule.check_layout`) and the workdir is locked.
 Errors are one line (`--verbose` for the traceback); exit status 78 means bad input (see `launch/cli.py`).
 """
 
-from launch import cli
-from launch.cpu_devices import emulate_from_argv
-from zaya_jax.checkpoint import elastic
+from launch.cpu_devices import prepare_host
 
-try:
-    elastic.apply_to_environment()  # $ZAYA_AVAILABLE_DEVICES (set by launch.supervise) overrides --cpu_devices
-except ValueError as _err:
-    cli.fail("train", _err)
-emulate_from_argv(default=8)
+prepare_host()
 
 import json  # noqa: E402
+import math  # noqa: E402
 import os  # noqa: E402
 
 from absl import flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from launch import cli, cpu_devices  # noqa: E402
+from zaya_jax.checkpoint import elastic  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for metrics, TensorBoard events and checkpoints.")
-flags.DEFINE_integer("cpu_devices", 8, "Emulated CPU devices when no accelerator is present (0 = as is).")
+cpu_devices.define_flag(8)
 _COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
 _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process runs).")
 _PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-process runs).")
@@ -102,8 +101,12 @@ def _elastic_shrink(config):
 
 def main(argv):
     del argv
-    from zaya_jax.config import validate
+    from zaya_jax.config import ConfigError, validate
 
+    try:
+        elastic.apply_to_environment()  # $ZAYA_AVAILABLE_DEVICES (set by launch.supervise) overrides --cpu_devices
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     config = _elastic_shrink(validate(_CONFIG.value))
     _maybe_initialize_distributed()
     import jax
@@ -128,7 +131,8 @@ def main(argv):
             profiler.close()
     if jax.process_index() == 0:
         summary.pop("state", None)
-        print(json.dumps(summary, indent=2))
+        print(json.dumps({k: None if isinstance(v, float) and math.isnan(v) else v for k, v in summary.items()},
+                         indent=2, allow_nan=False))  # valid JSON: a loss never logged is null
         if "eval_loss" in summary and "unigram_entropy" in summary:
             print(f"held-out loss {summary['eval_loss']:.3f} nats/token vs unigram entropy "
                   f"{summary['unigram_entropy']:.3f} (a model of byte frequencies alone)")

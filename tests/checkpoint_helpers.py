@@ -22,7 +22,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLA_CACHE = os.environ.get("ZAYA_TEST_XLA_CACHE") or os.path.join(tempfile.gettempdir(), "zaya_jax_test_xla_cache")
 STEPS = 8
 CONFIG = "experiments/zaya1_tiny.py"
-_SCRUB = ("ZAYA_FAULTS", "ZAYA_AVAILABLE_DEVICES", "ZAYA_EVENT_LOG", "ZAYA_HEARTBEAT_FILE", "XLA_FLAGS")
+_SCRUB = ("ZAYA_FAULTS", "ZAYA_AVAILABLE_DEVICES", "ZAYA_EVENT_LOG", "ZAYA_HEARTBEAT_FILE", "XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
 
 
 def config_overrides(data_dir: str, *, every: int = 2) -> list[str]:
@@ -96,7 +96,7 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     """Every leaf of a saved TrainState as NumPy, keyed by path (restored onto one device)."""
     import jax
 
-    from zaya_jax.checkpoint.integrity import path_str
+    from zaya_jax.keys import path_name
     from zaya_jax.checkpoint.model_io import load_train_state, open_checkpoint
     from zaya_jax.parallel.mesh import make_mesh
 
@@ -105,7 +105,7 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     config.mesh.update(dict(data=1, expert=1, context=1))
     mesh = make_mesh(config, devices=jax.devices()[:1])
     _, _, _, _, state, _ = load_train_state(ckpt_dir, mesh, config=config, step=step)
-    return {path_str(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
+    return {path_name(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(state)[0]}
 
 
 def tiny_mesh_config(mesh_sizes: dict):

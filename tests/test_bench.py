@@ -93,7 +93,9 @@ def test_quick_collectives_cli(tmp_path):
     assert seen == {(c, n) for c in NAMES for n in (2, 4, 8)}
     assert all(r["correct"] == "ok" and float(r["busbw_GBps"]) > 0 for r in rows)
     assert (out / "collectives.png").stat().st_size > 10_000
-    assert (out / "collectives_machine.json").exists()
+    md = (out / "collectives.md").read_text()  # the machine and the exact command next to the CSV / PNG
+    assert "8 emulated CPU devices on" in md and "python -m launch.bench --suite=collectives" in md
+    assert "cpu_model" in md and "![collectives.png](collectives.png)" in md
 
 
 def test_gemm_tiny_run(tmp_path):
@@ -104,7 +106,7 @@ def test_gemm_tiny_run(tmp_path):
     assert all(r["tflops"] > 0 and r["min_s"] <= r["median_s"] for r in done)
     assert any(r["name"].startswith("head") and r["skipped"] for r in rows)  # 16x262272x2048 > 0.5 GFLOP
     assert {r["name"] for r in rows if r["sweep"] == "grouped"} == {"ragged_dot", "padded_einsum"}
-    for f in ("gemm.csv", "gemm.png", "gemm_square.png", "gemm_machine.json"):
+    for f in ("gemm.csv", "gemm.png", "gemm_square.png", "gemm.md"):
         assert (tmp_path / f).stat().st_size > 0
     assert gemm.measure_gemm_peak(jnp.float32, size=128, warmup=1, trials=2) > 0
 
@@ -125,6 +127,8 @@ def test_membw_tiny_run(tmp_path):
         assert r["GBps"] > 0
         assert r["bytes_moved"] == (3 if r["kernel"] == "triad" else 2) * r["array_bytes"]
     assert (tmp_path / "membw.csv").exists() and (tmp_path / "membw.png").stat().st_size > 0
+    md = (tmp_path / "membw.md").read_text()
+    assert "cpu_model" in md and "Command:" in md and "![membw.png](membw.png)" in md
 
 
 def test_common_helpers(tmp_path):

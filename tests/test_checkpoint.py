@@ -24,6 +24,7 @@ from tests.checkpoint_helpers import (  # noqa: F401 - data_dir is a fixture
 )
 from zaya_jax.checkpoint import Checkpointer, CheckpointError, load_model
 from zaya_jax.checkpoint.errors import CorruptCheckpointError
+from zaya_jax.checkpoint.events import EventLog, read_events
 from zaya_jax.checkpoint.faults import corrupt_step_dir
 from zaya_jax.checkpoint.lock import LOCK_NAME
 
@@ -175,14 +176,20 @@ def test_retention_and_commit_safety(tmp_path, monkeypatch):
         ck.save(step, state, {"data": None})
         assert len(ck.committed_steps()) >= min(step - 1, 2)  # the previous ones stay until the new one commits
     ck.wait()
-    ck.prune()
-    assert ck.committed_steps() == [4, 8, 9]
+    assert ck.committed_steps() == [4, 8, 9]  # Orbax's preservation policy: newest 2 plus multiples of 4
     os.makedirs(os.path.join(ck.directory, "10.orbax-checkpoint-tmp-123"))  # an interrupted save
     monkeypatch.setattr(ck.manager, "save", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(CheckpointError, match="saving checkpoint step 10 .* failed: OSError"):
         ck.save(10, state, {"data": None})
     assert ck.committed_steps() == [4, 8, 9]  # the previous good checkpoints survive a failed save
-    assert ck.cleanup_uncommitted() == ["10.orbax-checkpoint-tmp-123"]
+    assert ck.uncommitted() == ["10.orbax-checkpoint-tmp-123"]
+    monkeypatch.undo()
+    ck.close()
+    events = tmp_path / "events.jsonl"
+    ck = Checkpointer(str(tmp_path / "ck"), keep=2, keep_every=4, events=EventLog(str(events), "test"))
+    ck.manager.wait_until_finished()  # Orbax removes the leftovers of interrupted saves when it opens the directory
+    assert not ck.uncommitted() and ck.committed_steps() == [4, 8, 9]
+    assert [e["path"].rsplit("/", 1)[1] for e in read_events(str(events))] == ["10.orbax-checkpoint-tmp-123"]
     with pytest.raises(CheckpointError, match="step 9 already exists"):
         ck.save(9, state, {"data": None})
     monkeypatch.setattr("zaya_jax.checkpoint.manager.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(1, 1, 1))

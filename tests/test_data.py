@@ -61,6 +61,8 @@ def test_byte_tokenizer_round_trip_and_vocab():
 def test_hf_tokenizer_wrapper(tmp_path):
     tok = load_tokenizer(_hf_tokenizer_file(tmp_path / "tokenizer.json"))
     assert tok.encode("hello world hello") == [3, 4, 3]
+    batch = tok.encode_batch(["hello world hello", "", "world"])
+    assert [b.tolist() for b in batch] == [[3, 4, 3], [], [4]] and all(b.dtype == np.int32 for b in batch)
     assert (tok.eos_id, tok.bos_id, tok.pad_id) == (1, 2, 0)
     assert tok.vocab_size == 128  # 6 tokens padded to a multiple of 128
     assert tok.describe()["sha256"] and tok.decode([3, 4]) == "hello world"

@@ -283,9 +283,11 @@ def test_compile_scaling_hlo_size():
     assert all(row["compile_s"] > 0 for row in result["rows"])
 
 
-def _launch(*args: str) -> subprocess.CompletedProcess:
+def _launch(*args: str, xla_flags: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.pop("XLA_FLAGS", None)  # the launcher sets the device count itself (--cpu_devices, default 8)
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     proc = subprocess.run([sys.executable, "-m", "launch.plan", f"--config={TINY}", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -294,7 +296,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess:
 
 def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
     out = tmp_path / "plan.json"
-    proc = _launch("--mesh=data:4,expert:2", "--seq=64", "--remat=dots", f"--out={out}")
+    proc = _launch("--mesh=data:4,expert:2", "--seq_len=64", "--remat=dots", f"--out={out}")
     assert "VERDICT: fits" in proc.stdout and "all-to-all" in proc.stdout
     result = json.loads(out.read_text())
     assert result["setup"]["mesh"] == {"data": 4, "context": 1, "expert": 2} and result["setup"]["remat"] == "dots"
@@ -313,8 +315,16 @@ def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
     assert minimum["expert_all_to_all"] == pytest.approx(result["collectives"]["all-to-all"]["wire_bytes"])
 
 
+def test_cpu_devices_flag_wins_over_inherited_xla_flags(tmp_path):
+    """`--cpu_devices=16 --mesh=data:16` plans on 16 devices although XLA_FLAGS asks for 8 (a user's shell)."""
+    out = tmp_path / "plan.json"
+    _launch("--cpu_devices=16", "--mesh=data:16", "--seq_len=64", "--remat=none", f"--out={out}",
+            xla_flags="--xla_force_host_platform_device_count=8")
+    assert json.loads(out.read_text())["setup"]["mesh"] == {"data": 16, "context": 1, "expert": 1}
+
+
 def test_sweep_writes_csv_and_png(tmp_path):
-    proc = _launch("--seq=64", "--remat=none", "--sweep=data:2,4", f"--out={tmp_path}")
+    proc = _launch("--seq_len=64", "--remat=none", "--sweep=data:2,4", f"--out={tmp_path}")
     with open(tmp_path / "sweep.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert [(r["mesh"], int(r["devices"]), int(r["microbatches"])) for r in rows] == [("data:2", 2, 1),

@@ -211,12 +211,13 @@ def test_check_layout_and_the_elastic_shrink(monkeypatch):
     assert config.mesh.data == -1
     ctx = tiny_mesh_config(dict(data=-1, expert=2, context=2))
     assert elastic.shrink_mesh(ctx, 6) == dict(data=1, expert=2, context=2)  # 6 devices: 4 used, as much CP/EP kept
-    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --foo")
+    monkeypatch.setenv("JAX_NUM_CPU_DEVICES", "8")  # recorded, so the value use_devices sets is undone
+    assert len(jax.devices()) == 8  # the backend runs: use_devices only changes what a new process sees
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "3,4,5,6")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     elastic.use_devices(2)
     assert os.environ["HIP_VISIBLE_DEVICES"] == "3,4" and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert os.environ["XLA_FLAGS"] == "--foo --xla_force_host_platform_device_count=2"
+    assert os.environ["JAX_NUM_CPU_DEVICES"] == "2"  # jax's own option: wins over the count in XLA_FLAGS
 
 
 # ------------------------------------------------------------------------------------------- preemption

@@ -140,4 +140,7 @@ def test_check_sizing_cli(tmp_path):
     assert "2 sizing violation(s)" in bad.stdout
     assert "head_dim: 96 -> 128" in bad.stdout and "vocab_size: 50257 -> 50304" in bad.stdout
     missing = _cli(f"--config={tmp_path / 'missing.py'}")
-    assert missing.returncode == 1 and "cannot use config" in missing.stderr
+    assert missing.returncode == 78 and "does not exist" in missing.stderr.strip().splitlines()[-1]
+    meshed = _cli("--config=experiments/zaya1_base.py", "--mesh=data:8,expert:3")  # the launchers' mesh syntax
+    assert meshed.returncode == 0 and "sharded over mesh axis 'expert' of size 3" in meshed.stdout, meshed.stderr
+    assert _cli("--config=experiments/zaya1_base.py", "--mesh=data=8").returncode == 78

@@ -146,3 +146,25 @@ def test_heatmap_png(tmp_path):
     (tmp_path / "empty.jsonl").write_text(json.dumps({"step": 1, "eval_loss": 2.0}) + "\n")
     assert health.plot_load_heatmap(str(tmp_path / "empty.jsonl"), str(tmp_path / "y.png")) is None
 
+
+
+def test_resumed_writer_keeps_one_row_per_step_and_the_last_loss(tmp_path):
+    """A run that crashed after logging steps 1..30 but saved at 20 trains 21..30 again: the rows of the first
+    attempt past step 20 go, the last loss and eval loss up to step 20 stay known (a resume that trains nothing
+    reports them)."""
+    first = MetricWriter(str(tmp_path), enabled=True)
+    for step in range(5, 31, 5):
+        first.write(step, {"loss": 10.0 - step / 10})
+        if step % 10 == 0:
+            first.write(step, {"eval_loss": 20.0 - step / 10})
+    first.close()
+    resumed = MetricWriter(str(tmp_path), enabled=True, start_step=20)
+    assert resumed.last("loss") == pytest.approx(8.0) and resumed.last("eval_loss", step=20) == pytest.approx(18.0)
+    assert resumed.last("eval_loss", step=25) is None
+    resumed.write(25, {"loss": 7.4})
+    resumed.close()
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    steps = [(r["step"], "loss" in r) for r in rows]
+    assert steps == [(5, True), (10, True), (10, False), (15, True), (20, True), (20, False), (25, True)]
+    assert rows[-1]["loss"] == pytest.approx(7.4)

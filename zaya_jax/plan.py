@@ -46,7 +46,7 @@ from zaya_jax.config import REMAT_POLICIES, choice_table, validate_mesh
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
-from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, resolve_mesh_shape
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, parse_mesh_spec, resolve_mesh_shape
 from zaya_jax.train.schedule import check_layout
 from zaya_jax.train.setup import prepare_abstract
 from zaya_jax.train.step import BATCH_KEYS
@@ -58,14 +58,8 @@ REMAT_AUTO_ORDER = ("none", "dots", "full")
 
 
 def parse_mesh(text: str) -> dict[str, int]:
-    """`"data:8"` / `"data:2,expert:4"` → sizes for all mesh axes (unnamed axes = 1)."""
-    sizes = {axis: 1 for axis in AXES}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, _, value = part.partition(":")
-        if name not in sizes or not value.lstrip("-").isdigit():
-            raise ValueError(f"--mesh entry {part!r}: use axis:size with axis in {AXES}, e.g. data:8")
-        sizes[name] = int(value)
-    return sizes
+    """`"data:8"` / `"data:2,expert:4"` → sizes for all mesh axes (unnamed axes = 1); ValueError on bad input."""
+    return parse_mesh_spec(text)
 
 
 def planning_config(config: ml_collections.ConfigDict, *, mesh: dict[str, int] | None = None,
@@ -126,7 +120,7 @@ def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = N
     need = math.prod(int(config.mesh[a]) for a in AXES)
     if need > len(devices):
         raise ValueError(f"mesh {dict(config.mesh)} needs {need} devices, {len(devices)} available "
-                         "(emulate more with --cpu_devices / XLA_FLAGS=--xla_force_host_platform_device_count)")
+                         "(emulate more with --cpu_devices=N)")
     mesh = make_mesh(config, devices[:need])
     training = prepare_abstract(config, mesh)
     with jax.set_mesh(mesh):

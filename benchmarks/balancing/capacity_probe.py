@@ -26,11 +26,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from launch.cpu_devices import emulate_from_argv  # noqa: E402
+from absl import flags  # noqa: E402
 
-emulate_from_argv(default=8)
+from launch import cli, cpu_devices  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+cpu_devices.define_flag(8)
 
 _CKPT = flags.DEFINE_string("checkpoint", None, "Training checkpoint directory (…/checkpoints).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: newest).")
@@ -118,4 +118,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, "capacity_probe")

@@ -107,17 +107,10 @@ def benchmark(config: ml_collections.ConfigDict, directory: str | None = None, t
 
 def run(out_dir: str, config: ml_collections.ConfigDict, *, command: str | None = None, **kwargs: Any
         ) -> list[dict[str, Any]]:
-    say = print if common.is_writer() else (lambda _m: None)
-    rows = benchmark(config, log=say, **kwargs)
-    common.print_table(rows, list(COLUMNS))
-    say(f"checkpoint save / raw disk: {rows[-1]['ratio_vs_raw']:.2f}x")
-    if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "checkpoint.csv"), rows, COLUMNS)
-        m = config.model
-        setup = (f"TrainState of hidden {m.hidden_size}, {m.num_layers} layers, {m.num_experts} experts: "
-                 f"{rows[0]['bytes'] / 2**20:.1f} MiB\n\n" + __doc__.split("\n\n", 1)[1])
-        common.write_markdown(os.path.join(out_dir, "checkpoint.md"), "Checkpoint save vs raw disk writes",
-                              [("Setup", setup), ("Results", common.markdown_table(rows, list(COLUMNS)))],
-                              command=command)
-        say(f"wrote {out_dir}/checkpoint.csv, checkpoint.md")
-    return rows
+    rows = benchmark(config, log=common.say, **kwargs)
+    m = config.model
+    setup = (f"TrainState of hidden {m.hidden_size}, {m.num_layers} layers, {m.num_experts} experts: "
+             f"{rows[0]['bytes'] / 2**20:.1f} MiB\n\n" + __doc__.split("\n\n", 1)[1])
+    return common.report(out_dir, "checkpoint", rows, title="Checkpoint save vs raw disk writes",
+                         table_columns=list(COLUMNS), csv_columns=COLUMNS, sections=[("Setup", setup)],
+                         notes=[f"checkpoint save / raw disk: {rows[-1]['ratio_vs_raw']:.2f}x"], command=command)

@@ -282,17 +282,27 @@ def default_device_counts(max_devices: int | None = None) -> list[int]:
     return counts
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
-    """Bus bandwidth vs message size: one panel per collective, one line per device count."""
+def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
+    """Bus bandwidth vs message size on log-log axes: one panel per collective, one line per device count; and
+    a latency panel (median time per call, the largest device count, one line per collective). Returns the
+    file name written."""
     panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for r in rows:
         series = panels.setdefault(r["label"], {}).setdefault(f"n={r['n_devices']}", ([], []))
         series[0].append(r["size_bytes"])
         series[1].append(r["busbw_GBps"])
-    backend = jax.default_backend()
-    common.plot_panels(path, panels, xlabel="message size S", ylabel="busbw (GB/s, median)",
-                       title=f"collectives on {backend} ({jax.devices()[0].device_kind}); "
-                             "busbw = S/t x factor (nccl-tests convention)")
+    widest = max((r["n_devices"] for r in rows), default=0)
+    latency = f"latency, n={widest}"
+    for r in rows:
+        if r["n_devices"] == widest:
+            xs, ys = panels.setdefault(latency, {}).setdefault(r["label"], ([], []))
+            xs.append(r["size_bytes"])
+            ys.append(r["median_s"] * 1e6)
+    common.plot_panels(path, panels, xlabel="message size S", ylabel="busbw (GB/s, median)", logy=True,
+                       ylabels={latency: "time per call (µs, median)"},
+                       title=f"collectives on {common.device_description()}; busbw = S/t x factor "
+                             "(nccl-tests convention)")
+    return [os.path.basename(path)]
 
 
 def run(
@@ -304,22 +314,23 @@ def run(
     dtype: Any = jnp.float32,
     warmup: int = 2,
     trials: int = 10,
+    *,
+    command: str | None = None,
 ) -> list[dict[str, Any]]:
-    """Benchmark, print the convention and a summary, write collectives.csv/.png and machine.json."""
-    say = print if common.is_writer() else (lambda _msg: None)
-    say(CONVENTION)
-    rows = benchmark(names, device_counts, min_bytes, max_bytes, dtype, warmup, trials, log=say)
+    """Benchmark, reported as collectives.csv / collectives.md / collectives.png (summary table: the largest
+    message of each collective and device count)."""
+    common.say(CONVENTION)
+    rows = benchmark(names, device_counts, min_bytes, max_bytes, dtype, warmup, trials, log=common.say)
     largest: dict[tuple[str, int], dict[str, Any]] = {}
-    for r in rows:  # summary: the largest message per (collective, n)
+    for r in rows:  # the table: the largest message per (collective, n)
         key = (r["collective"], r["n_devices"])
         if key not in largest or r["size_bytes"] > largest[key]["size_bytes"]:
             largest[key] = r
-    common.print_table(largest.values(), ["collective", "n_devices", "size_bytes", "median_s", "algbw_GBps",
-                                          "busbw_GBps", "correct"])
-    if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "collectives.csv"), rows)
-        common.write_json(os.path.join(out_dir, "collectives_machine.json"),
-                          {"machine": common.machine_info(), "convention": CONVENTION})
-        plot(rows, os.path.join(out_dir, "collectives.png"))
-        say(f"wrote {out_dir}/collectives.csv, collectives.png, collectives_machine.json")
+    common.report(out_dir, "collectives", rows, title="Collectives: bus bandwidth", table_rows=largest.values(),
+                  table_columns=["collective", "n_devices", "size_bytes", "median_s", "algbw_GBps", "busbw_GBps",
+                                 "correct"],
+                  sections=[("Convention", CONVENTION),
+                            ("Table", "The largest message of each collective and device count; every size is in "
+                                      "collectives.csv.")],
+                  plots=lambda d: plot(rows, os.path.join(d, "collectives.png")), command=command)
     return rows

@@ -135,6 +135,12 @@ def is_writer() -> bool:
     return jax.process_index() == 0
 
 
+def say(message: str) -> None:
+    """Print on process 0 only (the suites' progress log)."""
+    if is_writer():
+        print(message)
+
+
 def write_csv(path: str, rows: Sequence[Mapping[str, Any]], fieldnames: Sequence[str] | None = None) -> None:
     """Write dict rows as CSV (columns: `fieldnames` or the union of keys in first-seen order)."""
     if fieldnames is None:
@@ -183,8 +189,10 @@ def plot_panels(
     logy: bool = False,
     ncols: int = 3,
     xfmt: Callable[[float], str] | None = format_bytes,
+    ylabels: Mapping[str, str] | None = None,
 ) -> None:
-    """One subplot per panel, one line per series: `panels[panel][series] = (xs, ys)`."""
+    """One subplot per panel, one line per series: `panels[panel][series] = (xs, ys)`; `ylabels[panel]`
+    overrides `ylabel` for that panel."""
     plt = _pyplot()
     names = list(panels)
     ncols = max(1, min(ncols, len(names)))
@@ -204,8 +212,8 @@ def plot_panels(
             ax.tick_params(axis="x", labelrotation=45, labelsize=7)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
-        ax.set_ylabel(ylabel, fontsize=8)
-        ax.grid(True, alpha=0.3)
+        ax.set_ylabel((ylabels or {}).get(name, ylabel), fontsize=8)
+        ax.grid(True, which="both" if logy else "major", alpha=0.3)
         if panels[name]:
             ax.legend(fontsize=7)
     if title:
@@ -306,6 +314,43 @@ def write_markdown(path: str, title: str, sections: Sequence[tuple[str, str]], *
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(parts))
+
+
+def device_description() -> str:
+    """What ran the benchmark, for titles: '8 emulated CPU devices on 2 cores', '8 x AMD Instinct MI300X'."""
+    n, cores = jax.device_count(), os.cpu_count()
+    if jax.default_backend() == "cpu":
+        return f"{n} emulated CPU devices on {cores} cores" if n > 1 else f"1 CPU device on {cores} cores"
+    procs = f" in {jax.process_count()} processes" if jax.process_count() > 1 else ""
+    return f"{n} x {jax.devices()[0].device_kind}{procs}"
+
+
+def report(out_dir: str, suite: str, rows: Sequence[Mapping[str, Any]], *, title: str,
+           table_columns: Sequence[str], csv_columns: Sequence[str] | None = None, notes: Sequence[str] = (),
+           sections: Sequence[tuple[str, str]] = (), plots: Callable[[str], Sequence[str]] | None = None,
+           command: str | None = None, table_rows: Sequence[Mapping[str, Any]] | None = None
+           ) -> list[dict[str, Any]]:
+    """The one way a suite reports: print `notes` and the table (`table_rows`, default `rows`); on process 0
+    write `<suite>.csv` (every row; all columns or `csv_columns`), the figures (`plots(out_dir)` returns their
+    file names) and `<suite>.md` — title with the devices it ran on, the exact command, the machine,
+    `sections`, the results table, the notes and the figures. Returns `rows`."""
+    rows = [dict(r) for r in rows]
+    table_rows = rows if table_rows is None else list(table_rows)
+    for note in notes:
+        say(note)
+    print_table(table_rows, table_columns)
+    if is_writer():
+        write_csv(os.path.join(out_dir, f"{suite}.csv"), rows, csv_columns)
+        figures = list(plots(out_dir)) if plots is not None else []
+        body = [*sections, ("Results", markdown_table(table_rows, table_columns))]
+        if notes:
+            body.append(("Notes", "\n".join(f"- {n}" for n in notes)))
+        if figures:
+            body.append(("Figures", "\n\n".join(f"![{f}]({f})" for f in figures)))
+        write_markdown(os.path.join(out_dir, f"{suite}.md"), f"{title} ({device_description()})", body,
+                       command=command)
+        say(f"wrote {out_dir}/" + ", ".join([f"{suite}.csv", f"{suite}.md", *figures]))
+    return rows
 
 
 def ratio(numerator: float, denominator: float) -> float:

@@ -9,7 +9,6 @@ the number of HLO instructions of the compiled module, and the ratio of the tota
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Sequence
 
@@ -77,17 +76,11 @@ def benchmark(base: ml_collections.ConfigDict, depths: Sequence[int] = (8, 40, 8
 
 def run(out_dir: str, base: ml_collections.ConfigDict, *, command: str | None = None, **kwargs: Any
         ) -> list[dict[str, Any]]:
-    say = print if common.is_writer() else (lambda _m: None)
-    rows = benchmark(base, log=say, **kwargs)
-    common.print_table(rows, list(COLUMNS))
-    if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "compile.csv"), rows, COLUMNS)
-        w = SMALL_WIDTH
-        setup = (f"hidden {w['hidden_size']}, {w['num_experts']} experts of width {w['moe_intermediate_size']}, "
-                 f"vocab {w['vocab_size']}; train step = loss + grads + optimizer + balancing update\n\n"
-                 + __doc__.split("\n\n", 1)[1])
-        common.write_markdown(os.path.join(out_dir, "compile.md"), "Train-step compile time vs depth",
-                              [("Setup", setup), ("Results", common.markdown_table(rows, list(COLUMNS)))],
-                              command=command)
-        say(f"wrote {out_dir}/compile.csv, compile.md")
-    return rows
+    rows = benchmark(base, log=common.say, **kwargs)
+    w = SMALL_WIDTH
+    setup = (f"hidden {w['hidden_size']}, {w['num_experts']} experts of width {w['moe_intermediate_size']}, "
+             f"vocab {w['vocab_size']}; train step = loss + grads + optimizer + balancing update\n\n"
+             + __doc__.split("\n\n", 1)[1])
+    return common.report(out_dir, "compile", rows, title="Train-step compile time vs depth",
+                         table_columns=list(COLUMNS), csv_columns=COLUMNS, sections=[("Setup", setup)],
+                         command=command)

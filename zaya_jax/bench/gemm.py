@@ -183,11 +183,12 @@ def benchmark(
     return rows
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
-    """Square sweep as a line; model / unaligned / grouped sweeps as bars (TFLOP/s, median)."""
+def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
+    """Square sweep as a line; model / unaligned / grouped sweeps as bars (TFLOP/s, median); returns the file
+    names written."""
     done = [r for r in rows if not r.get("skipped")]
     sq = [r for r in done if r["sweep"] == "square"]
-    title = f"GEMM TFLOP/s = 2MNK/t on {jax.default_backend()} ({jax.devices()[0].device_kind})"
+    title = f"GEMM TFLOP/s = 2MNK/t on {common.device_description()}"
     base, ext = os.path.splitext(path)
     common.plot_panels(base + "_square" + ext, {"square M=N=K": {"median": ([r["M"] for r in sq],
                                                                            [r["tflops"] for r in sq]),
@@ -201,19 +202,15 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
             bars[sweep] = {"median": [(r["name"], r["tflops"]) for r in sel],
                            "best": [(r["name"], r["tflops_best"]) for r in sel]}
     common.plot_bars(path, bars, ylabel="TFLOP/s", title=title)
+    return [os.path.basename(base + "_square" + ext), os.path.basename(path)]
 
 
-def run(out_dir: str, **kwargs: Any) -> list[dict[str, Any]]:
-    """Benchmark (kwargs as `benchmark`), print a table, write gemm.csv, gemm.png, gemm_square.png."""
-    say = print if common.is_writer() else (lambda _m: None)
-    rows = benchmark(log=say, **kwargs)
-    say("GEMM: TFLOP/s = 2*M*N*K / t (t = median; tflops_best uses the min); grouped rows count "
-        "useful FLOPs 2*T*H*I for both paths")
-    common.print_table(rows, ["sweep", "name", "M", "N", "K", "dtype", "median_s", "tflops", "tflops_best",
-                              "skipped"])
-    if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "gemm.csv"), rows)
-        common.write_json(os.path.join(out_dir, "gemm_machine.json"), {"machine": common.machine_info()})
-        plot(rows, os.path.join(out_dir, "gemm.png"))
-        say(f"wrote {out_dir}/gemm.csv, gemm.png, gemm_square.png")
-    return rows
+def run(out_dir: str, *, command: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """Benchmark (kwargs as `benchmark`), reported as gemm.csv / gemm.md / gemm.png / gemm_square.png."""
+    rows = benchmark(log=common.say, **kwargs)
+    return common.report(out_dir, "gemm", rows, title="GEMM throughput",
+                         table_columns=["sweep", "name", "M", "N", "K", "dtype", "median_s", "tflops",
+                                        "tflops_best", "skipped"],
+                         notes=["TFLOP/s = 2*M*N*K / t (t = median; tflops_best uses the min); grouped rows count "
+                                "useful FLOPs 2*T*H*I for both paths"],
+                         plots=lambda d: plot(rows, os.path.join(d, "gemm.png")), command=command)

@@ -93,27 +93,28 @@ def benchmark(
     return rows
 
 
-def plot(rows: Sequence[dict[str, Any]], path: str) -> None:
-    """GB/s vs array size, one line per kernel (median and best panels)."""
-    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {"median": {}, "best (min time)": {}}
+def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
+    """GB/s vs array size on log-log axes, one line per kernel (median and best panels), and a latency panel
+    (median time per kernel call); returns the file name written."""
+    panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {
+        "bandwidth (median)": {}, "bandwidth (best: min time)": {}, "latency (median)": {}}
     for r in rows:
-        for panel, key in (("median", "GBps"), ("best (min time)", "GBps_best")):
+        for panel, key, scale in (("bandwidth (median)", "GBps", 1.0), ("bandwidth (best: min time)", "GBps_best", 1.0),
+                                  ("latency (median)", "median_s", 1e6)):
             xs, ys = panels[panel].setdefault(r["kernel"], ([], []))
             xs.append(r["array_bytes"])
-            ys.append(r[key])
-    common.plot_panels(path, panels, xlabel="array size", ylabel="GB/s (reads + writes)", ncols=2,
-                       title=f"memory bandwidth on {jax.default_backend()} ({jax.devices()[0].device_kind})")
+            ys.append(r[key] * scale)
+    common.plot_panels(path, panels, xlabel="array size", ylabel="GB/s (reads + writes)", ncols=3, logy=True,
+                       ylabels={"latency (median)": "time per call (µs)"},
+                       title=f"memory bandwidth on {common.device_description()}")
+    return [os.path.basename(path)]
 
 
-def run(out_dir: str, **kwargs: Any) -> list[dict[str, Any]]:
-    """Benchmark (kwargs as `benchmark`), print a table, write membw.csv and membw.png."""
-    say = print if common.is_writer() else (lambda _m: None)
-    rows = benchmark(log=say, **kwargs)
-    say("membw: GB/s = (reads + writes) / t; copy, scale 2N, triad 3N elements moved")
-    common.print_table(rows, ["kernel", "array_bytes", "median_s", "GBps", "GBps_best"])
-    if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "membw.csv"), rows)
-        common.write_json(os.path.join(out_dir, "membw_machine.json"), {"machine": common.machine_info()})
-        plot(rows, os.path.join(out_dir, "membw.png"))
-        say(f"wrote {out_dir}/membw.csv, membw.png")
-    return rows
+def run(out_dir: str, *, command: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+    """Benchmark (kwargs as `benchmark`), reported as membw.csv / membw.md / membw.png."""
+    rows = benchmark(log=common.say, **kwargs)
+    return common.report(out_dir, "membw", rows, title="Memory bandwidth (STREAM-style copy / scale / triad)",
+                         table_columns=["kernel", "array_bytes", "median_s", "GBps", "GBps_best"],
+                         notes=["GB/s = (bytes read + bytes written) / t; copy and scale move 2N elements, "
+                                "triad 3N"],
+                         plots=lambda d: plot(rows, os.path.join(d, "membw.png")), command=command)

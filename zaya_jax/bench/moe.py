@@ -12,7 +12,6 @@ same devices; every other dispatch runs on one device.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Sequence
 
 import jax
@@ -129,23 +128,16 @@ def benchmark(m: ml_collections.ConfigDict, tokens: int, dispatches: Sequence[st
 
 def run(out_dir: str, m: ml_collections.ConfigDict, tokens: int, *, command: str | None = None, **kwargs: Any
         ) -> list[dict[str, Any]]:
-    """`benchmark(...)`, print a table, write moe.csv / moe.md."""
-    say = print if common.is_writer() else (lambda _m: None)
-    rows = benchmark(m, tokens, log=say, **kwargs)
+    """`benchmark(...)` reported as moe.csv / moe.md."""
+    rows = benchmark(m, tokens, log=common.say, **kwargs)
     cols = ["dispatch", "devices", "capacity_factor", "moe_s_median", "dense_s_median", "ratio_vs_dense",
             "expert_work_factor", "dropped_fraction"]
-    common.print_table(rows, cols)
     best = min(rows, key=lambda r: r["ratio_vs_dense"])
-    say(f"best dispatch: {best['dispatch']} (cf {best['capacity_factor']:g}) {best['ratio_vs_dense']:.2f}x dense")
-    if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "moe.csv"), rows, COLUMNS)
-        geometry = (f"T={tokens} tokens, hidden {m.hidden_size}, {m.num_experts} experts of width "
-                    f"{m.moe_intermediate_size}, router {m.router_hidden_size}; dense baseline width "
-                    f"{dense_width(m)} (equal active FLOPs incl. the router); forward + backward, f32")
-        common.write_markdown(os.path.join(out_dir, "moe.md"), "MoE block vs dense SwiGLU of equal active FLOPs",
-                              [("Setup", geometry + "\n\n" + __doc__.split("\n\n", 1)[1]),
-                               ("Results", common.markdown_table(rows, cols)),
-                               ("Best", f"{best['dispatch']} (capacity factor {best['capacity_factor']:g}): "
-                                        f"{best['ratio_vs_dense']:.2f}x the dense block")], command=command)
-        say(f"wrote {out_dir}/moe.csv, moe.md")
-    return rows
+    geometry = (f"T={tokens} tokens, hidden {m.hidden_size}, {m.num_experts} experts of width "
+                f"{m.moe_intermediate_size}, router {m.router_hidden_size}; dense baseline width "
+                f"{dense_width(m)} (equal active FLOPs incl. the router); forward + backward, f32")
+    return common.report(out_dir, "moe", rows, title="MoE block vs dense SwiGLU of equal active FLOPs",
+                         table_columns=cols, csv_columns=COLUMNS,
+                         sections=[("Setup", geometry + "\n\n" + __doc__.split("\n\n", 1)[1])],
+                         notes=[f"best dispatch: {best['dispatch']} (capacity factor {best['capacity_factor']:g}): "
+                                f"{best['ratio_vs_dense']:.2f}x the dense block"], command=command)

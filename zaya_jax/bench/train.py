@@ -244,40 +244,38 @@ def pool_rounds(config: ml_collections.ConfigDict, rounds: Sequence[Sequence[dic
     return compare(pooled)
 
 
-def markdown(rows: Sequence[dict[str, Any]], config: ml_collections.ConfigDict, extra: Sequence[str] = ()) -> list:
+TABLE_COLUMNS = ("impl", "optimizer", "dispatch", "dtype", "step_s_median", "step_s_min", "tokens_per_s",
+                 "ratio_vs_transformers", "mfu", "compile_s", "loss_first", "loss_last", "max_abs_loss_diff",
+                 "dropped_fraction")
+
+
+def sections(rows: Sequence[dict[str, Any]], config: ml_collections.ConfigDict, extra: Sequence[str] = ()) -> list:
+    """Markdown (heading, body) sections around the results table: model geometry, losses per step, notes."""
     m = config.model
     geometry = (f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_q_heads} q / {m.num_kv_heads} kv heads of "
                 f"{m.head_dim}, {m.num_experts} experts of width {m.moe_intermediate_size}, router "
                 f"{m.router_hidden_size}, vocab {m.vocab_size}; batch {config.train.global_batch_size} x "
                 f"{config.train.seq_len}")
-    cols = ["impl", "optimizer", "dispatch", "dtype", "step_s_median", "step_s_min", "tokens_per_s",
-            "ratio_vs_transformers", "mfu", "compile_s", "loss_first", "loss_last", "max_abs_loss_diff",
-            "dropped_fraction"]
     losses = "\n".join(f"- {r['impl']} ({r.get('optimizer', '')}): " +
                        ", ".join(f"{x:.5f}" for x in r.get("_losses", [])) for r in rows if r.get("_losses"))
     notes = "\n".join(f"- {r['impl']}: {r.get('notes', '')}" for r in rows)
-    return [("Model", geometry), ("Throughput", common.markdown_table(rows, cols)),
-            ("Losses per step (warm-up included)", losses), ("Notes", notes + "\n" + "\n".join(extra))]
+    return [("Model", geometry), ("Losses per step (warm-up included)", losses),
+            ("Implementations", notes + "\n" + "\n".join(extra))]
 
 
 def run(out_dir: str, config: ml_collections.ConfigDict, *, command: str | None = None,
         extra_rows: Sequence[dict[str, Any]] = (), extra_notes: Sequence[str] = (),
         rows: Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-    """`benchmark(config, **kwargs)` (or the given `rows`), print `ratio vs transformers`, write train.csv /
-    train.md / train_rows.json (rows with every step's time and loss, for `pool_rounds`)."""
-    say = print if common.is_writer() else (lambda _m: None)
-    rows = list(benchmark(config, log=say, **kwargs) if rows is None else rows) + list(extra_rows)
-    common.print_table(rows, ["impl", "optimizer", "dispatch", "step_s_median", "tokens_per_s",
-                              "ratio_vs_transformers", "mfu", "loss_first", "max_abs_loss_diff"])
-    for r in rows:
-        if r["impl"] == "zaya_jax" and is_finite_positive(r.get("ratio_vs_transformers")):
-            say(f"{r['optimizer']}: ratio vs transformers: {r['ratio_vs_transformers']:.2f}x; MFU {r['mfu']:.1%}")
+    """`benchmark(config, **kwargs)` (or the given `rows`) reported as train.csv / train.md, plus
+    train_rows.json (rows with every step's time and loss, for `pool_rounds`)."""
+    rows = list(benchmark(config, log=common.say, **kwargs) if rows is None else rows) + list(extra_rows)
+    ratios = [f"{r['optimizer']}: ratio vs transformers: {r['ratio_vs_transformers']:.2f}x; MFU {r['mfu']:.1%}"
+              for r in rows if r["impl"] == "zaya_jax" and is_finite_positive(r.get("ratio_vs_transformers"))]
+    common.report(out_dir, "train", rows, title="Training throughput vs transformers",
+                  table_columns=list(TABLE_COLUMNS), csv_columns=COLUMNS, sections=sections(rows, config, extra_notes),
+                  notes=ratios, command=command)
     if common.is_writer():
-        common.write_csv(os.path.join(out_dir, "train.csv"), rows, COLUMNS)
         common.write_json(os.path.join(out_dir, "train_rows.json"), rows)
-        common.write_markdown(os.path.join(out_dir, "train.md"), "Training throughput vs transformers",
-                              markdown(rows, config, extra_notes), command=command)
-        say(f"wrote {out_dir}/train.csv, train.md")
     return rows
 
 

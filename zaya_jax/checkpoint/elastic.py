@@ -1,9 +1,9 @@
 """Elastic restarts on fewer devices (no jax import: `launch.train` calls this before jax loads).
 
 The supervisor (or an operator) exports `ZAYA_AVAILABLE_DEVICES=N` when only N devices are healthy.
-Before jax is imported, `apply_to_environment()` makes the process see N devices: on a CPU host the
-emulated device count, on GPU hosts `CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES` (the first N entries
-of the list, or 0..N-1 if unset). After the config is loaded, `shrink_mesh(config, N)` picks the largest mesh of at most N
+Before jax starts its backend, `apply_to_environment()` makes the process see N devices: on a CPU host the
+emulated device count (`jax_num_cpu_devices`), on GPU hosts `CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES`
+(the first N entries of the list, or 0..N-1 if unset). After the config is loaded, `shrink_mesh(config, N)` picks the largest mesh of at most N
 devices that the config can run on (the global batch must still split evenly) and rebuilds the mesh request
 with `mesh.data = -1`; if that mesh uses fewer than N devices, `use_devices(k)` hides the rest. The trainer
 then restores the last checkpoint onto the smaller mesh. The global batch size is a config constant and
@@ -13,10 +13,10 @@ does not change.
 from __future__ import annotations
 
 import os
-import re
+import sys
 
 AVAILABLE_DEVICES_ENV = "ZAYA_AVAILABLE_DEVICES"
-_COUNT_FLAG = "--xla_force_host_platform_device_count"
+NUM_CPU_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"  # jax's `jax_num_cpu_devices` option, read when jax is imported
 
 
 def available_devices() -> int | None:
@@ -32,16 +32,20 @@ def available_devices() -> int | None:
 def use_devices(count: int) -> None:
     """Make this process see only its first `count` devices: the emulated CPU device count, and the first
     `count` entries of CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES (all of 0..count-1 if unset). Takes effect
-    only before jax initialises its backends."""
-    flags = re.sub(rf"{_COUNT_FLAG}=\d+", "", os.environ.get("XLA_FLAGS", "")).strip()
-    os.environ["XLA_FLAGS"] = f"{flags} {_COUNT_FLAG}={count}".strip()  # CPU platform only; harmless elsewhere
+    only before jax initialises its backends (the CPU count wins over XLA_FLAGS' device count)."""
+    os.environ[NUM_CPU_DEVICES_ENV] = str(count)  # CPU platform only; harmless elsewhere
+    if "jax" in sys.modules:  # imported already (absl flags): set the option itself, its env var is read at import
+        try:
+            sys.modules["jax"].config.update("jax_num_cpu_devices", int(count))
+        except RuntimeError:  # the backend already runs (a test process): only a new process sees the count
+            pass
     for var in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"):
         ids = os.environ.get(var) or ",".join(str(i) for i in range(count))
         os.environ[var] = ",".join(ids.split(",")[:count])
 
 
 def apply_to_environment() -> int | None:
-    """Restrict the devices this process will see to $ZAYA_AVAILABLE_DEVICES (call before importing jax)."""
+    """Restrict the devices this process will see to $ZAYA_AVAILABLE_DEVICES (call before jax's backend starts)."""
     n = available_devices()
     if n is not None:
         use_devices(n)

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from zaya_jax.checkpoint.errors import CorruptCheckpointError
+from zaya_jax.keys import path_name
 
 DIGEST_KEY = "meta_sha256"
 _U32 = np.uint32
@@ -95,20 +96,9 @@ def _fingerprints(leaves: list[jax.Array]) -> list[str]:
     return [f"{int(h1):08x}{int(h2):08x}" for h1, h2 in sums]
 
 
-def path_str(path) -> str:
-    """'params/layers/moe/w_in' from a jax key path; NNX `.value` / `raw_value` entries are dropped."""
-    parts = []
-    for key in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(key, attr):
-                parts.append(str(getattr(key, attr)))
-                break
-    return "/".join(p for p in parts if p not in ("value", "raw_value"))
-
-
 def _flat(tree: Any) -> tuple[list[str], list[jax.Array]]:
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    return [path_str(p) for p, _ in flat], [x for _, x in flat]
+    return [path_name(p) for p, _ in flat], [x for _, x in flat]
 
 
 def manifest(tree: Any) -> dict[str, list]:

@@ -7,10 +7,11 @@ One checkpoint = `<dir>/<step>/` with two Orbax items:
 
 Commit protocol: Orbax writes into `<step>.orbax-checkpoint-tmp*` and renames (or writes
 `commit_success.txt` where renames are not atomic); only finalized step directories count as
-committed. `cleanup_uncommitted()` removes leftovers of interrupted saves. Retention (keep the newest
-`keep` committed steps plus every multiple of `keep_every`) is applied here, only to committed steps
-and only while no save is in flight, so the previous good checkpoint is never deleted before the new
-one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
+committed. A writable `Checkpointer` has Orbax remove leftovers of interrupted saves when it opens the
+directory (`cleanup_tmp_directories`; the trainer holds the workdir lock by then) and logs their names.
+Retention (keep the newest `keep` committed steps plus every multiple of `keep_every`) is Orbax's
+preservation policy (`LatestN` ∪ `EveryNSteps`), applied by Orbax after a new save has committed, so the
+previous good checkpoint is never deleted before the new one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
 NamedShardings), so any mesh works. Every restore is checked against the checksums: a missing,
 truncated or bit-rotted file raises `CorruptCheckpointError` (the trainer quarantines the step and falls
 back to the previous one); a config that builds a different tree raises `CheckpointConfigError`.
@@ -34,8 +35,8 @@ from orbax.checkpoint.path import step as ocp_step
 from zaya_jax.checkpoint import integrity
 from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EventLog
-from zaya_jax.checkpoint.integrity import path_str
 from zaya_jax.checkpoint.quiet import first_line, quiet_orbax
+from zaya_jax.keys import path_name
 
 STATE, META = "state", "meta"
 FORMAT_VERSION = 1
@@ -66,6 +67,15 @@ def _check_writable(directory: str) -> None:
                                     "pass a writable --workdir or checkpoint.dir")
 
 
+def retention_policy(keep: int, keep_every: int):
+    """Orbax preservation policy: the newest `keep` checkpoints plus every step that is a multiple of `keep_every`
+    (0 = none)."""
+    from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+
+    policies = [pp.LatestN(n=keep)] + ([pp.EveryNSteps(interval_steps=keep_every)] if keep_every > 0 else [])
+    return pp.AnyPreservationPolicy(policies)
+
+
 class Checkpointer:
     """Save / restore / retain train-state checkpoints in one directory (see module docstring)."""
 
@@ -81,14 +91,23 @@ class Checkpointer:
         else:
             _check_writable(self.directory)
             os.makedirs(self.directory, exist_ok=True)
+        leftovers = [] if read_only else self.uncommitted()
         options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save and not read_only,
                                                read_only=read_only, create=not read_only,
                                                save_interval_steps=0 if read_only else 1,
-                                               cleanup_tmp_directories=False)
+                                               cleanup_tmp_directories=not read_only,
+                                               preservation_policy=None if read_only else retention_policy(
+                                                   self.keep, self.keep_every),
+                                               async_options=ocp.AsyncOptions(
+                                                   post_finalization_callback=self._written)
+                                               if async_save and not read_only else None)
+        self._written_at: float | None = None  # when Orbax finished writing the in-flight save
         self.manager = ocp.CheckpointManager(
             self.directory, options=options,
             item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()})
         self._in_flight: tuple[int, float, int] | None = None  # (step, start time, bytes)
+        for name in leftovers:
+            self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
         self.last_save: dict | None = None
 
     # ---- discovery -------------------------------------------------------------------------------------
@@ -112,25 +131,12 @@ class Checkpointer:
                       if os.path.isdir(os.path.join(self.directory, name))
                       and (TMP_MARKER in name or (name.isdigit() and name not in committed)))
 
-    def cleanup_uncommitted(self) -> list[str]:
-        """Delete uncommitted leftovers (never a committed step); call only when this process is not saving."""
-        removed = []
-        if self.read_only or jax.process_index() != 0:
-            return removed
-        for name in self.uncommitted():
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
-            removed.append(name)
-            self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
-        self.manager.reload()
-        return removed
-
     # ---- saving ----------------------------------------------------------------------------------------
     def save(self, step: int, state: Any, meta: dict, *, wait: bool = False) -> dict:
         """Save `state` + `meta` as step `step` (async unless `wait`); returns {'step', 'bytes', 'blocking_s'}."""
         if self.read_only:
             raise CheckpointError(f"checkpoint directory {self.directory} was opened read-only")
-        self.wait()  # previous save committed (or its error raised) before anything is pruned or written
-        self.prune()
+        self.wait()  # previous save committed (or its error raised) before anything is written
         if step in self.committed_steps():
             raise CheckpointConfigError(f"checkpoint step {step} already exists in {self.directory}; refusing to "
                                         "overwrite it (use a new checkpoint.dir)")
@@ -138,7 +144,7 @@ class Checkpointer:
         self._check_space(nbytes)
         meta = integrity.seal(dict(meta, format_version=FORMAT_VERSION, step=int(step), saved_at=time.time(),
                                    arrays=integrity.manifest(state)))
-        start = time.perf_counter()
+        start, self._written_at = time.perf_counter(), None
         try:
             self.manager.save(int(step), force=True, args=ocp.args.Composite(
                 **{STATE: ocp.args.PyTreeSave(state), META: ocp.args.JsonSave(meta)}))
@@ -175,34 +181,19 @@ class Checkpointer:
         self._in_flight = None
         if step not in self.committed_steps():
             raise CheckpointError(f"checkpoint step {step} in {self.directory} did not commit")
-        total = time.perf_counter() - start
+        total = (self._written_at or time.perf_counter()) - start  # the write, not the wait for it
         self.last_save = {"step": step, "total_s": round(total, 4), "bytes": nbytes,
                           "MiB_per_s": round(nbytes / 2**20 / max(total, 1e-9), 2)}
         self.events.write("commit", **self.last_save)
         return self.last_save
 
+    def _written(self) -> None:
+        """Orbax's post-finalization callback (its save thread): the in-flight save is on disk."""
+        self._written_at = time.perf_counter()
+
     @property
     def saving(self) -> bool:
         return self._in_flight is not None
-
-    def steps_to_delete(self, steps: list[int]) -> list[int]:
-        """Committed steps outside the retention policy (never the newest `keep`, never multiples of keep_every)."""
-        keep = set(steps[-self.keep:])
-        if self.keep_every > 0:
-            keep |= {s for s in steps if s % self.keep_every == 0}
-        return [s for s in steps if s not in keep]
-
-    def prune(self) -> list[int]:
-        """Apply retention to committed steps; only call when no save is in flight."""
-        if self.read_only or self._in_flight is not None:
-            return []
-        self.manager.reload()
-        doomed = self.steps_to_delete(self.committed_steps())
-        for s in doomed:
-            self.manager.delete(s)
-        if doomed:
-            self.events.write("prune", steps=doomed)
-        return doomed
 
     # ---- restoring -------------------------------------------------------------------------------------
     def _where(self, step: int) -> str:
@@ -238,13 +229,13 @@ class Checkpointer:
                                          f"({first_line(err)})") from err
         if not flat:
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its state metadata is missing")
-        return {path_str(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", ""))) for p, m in flat}
+        return {path_name(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", ""))) for p, m in flat}
 
     def check_target(self, step: int, target: Any, *, partial: bool = False, meta: dict | None = None) -> None:
         """Raise a one-line CheckpointConfigError if `target`'s leaves do not match the saved ones (shape /
         presence): the config builds a different model or optimizer than the one saved."""
         saved = self.saved_shapes(step, meta)
-        wanted = {path_str(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
+        wanted = {path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
         for name, shape in wanted.items():
             if name not in saved:
                 raise CheckpointConfigError(f"{self._where(step)} has no {name!r} (the config builds a different "
@@ -271,7 +262,7 @@ class Checkpointer:
         read_as = target
         if saved is not None:
             read_as = jax.tree_util.tree_map_with_path(
-                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_str(p)][1], sharding=t.sharding), target)
+                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_name(p)][1], sharding=t.sharding), target)
         try:
             restore_args = ocp.checkpoint_utils.construct_restore_args(read_as)
             restored = self.manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
@@ -296,6 +287,5 @@ class Checkpointer:
     def close(self) -> None:
         try:
             self.wait()
-            self.prune()
         finally:
             self.manager.close()

@@ -13,7 +13,8 @@ periodic async save → injected process faults → preemption. A rollback resto
 committed checkpoint and keeps the data iterator where it is, so the batches since that checkpoint
 (including the offending one) are skipped. SIGTERM/SIGINT finish the step, save, and stop the loop: the
 signal is only noted when it arrives and acted on at one point of `maybe_save` (after the periodic save),
-so `stop_requested` never changes between that point and the loop's check of it.
+so `stop_requested` never changes between that point and the loop's check of it. In multi-process runs jax's
+preemption service handles SIGTERM instead (`jax.experimental.multihost_utils.reached_preemption_sync_point`).
 
 Restores (at start and on rollback) take the newest committed step that reads back intact: a step with a
 missing, truncated or bit-rotted file (checksums, see `integrity`) is moved to `<dir>.corrupt/`, reported on
@@ -85,14 +86,17 @@ class TrainCheckpointer:
         self.resume_step: int | None = None
         self.stop_requested, self.stop_signal = False, None
         self._signal_received = False  # multi-process: acted on only at a step all processes agree on
-        self._stop_sync_every = int(c.preemption_sync_every)
+        # multi-process: jax's preemption sync manager (started by jax.distributed.initialize) catches SIGTERM
+        # on any process and picks the step all processes stop at; it is asked once per `maybe_save` call
+        self._multi_process = jax.process_count() > 1
+        self._sync_calls = 0
         self._target = self._shardings = None
         self._encode = self._decode = _identity  # run state <-> checkpointed state (see restore_or_keep)
         self._pending: tuple[int, Any] | None = None
         self._last_saved: int | None = None
         self._rollbacks: collections.Counter = collections.Counter()
         self._old_handlers: dict = {}
-        if handle_signals and threading.current_thread() is threading.main_thread():
+        if handle_signals and not self._multi_process and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
@@ -104,20 +108,22 @@ class TrainCheckpointer:
         self._signal_received = True  # acted on in `_agree_on_stop`, never in between
 
     def _agree_on_stop(self, step: int) -> None:
-        """The one place `stop_requested` is set. Multi-process: every `checkpoint.preemption_sync_every` steps
-        the processes exchange whether any of them got SIGTERM/SIGINT, so all of them save and stop at the
-        same step (a save is collective)."""
+        """The one place `stop_requested` is set. Single process: a SIGTERM/SIGINT noted by `_on_signal`.
+        Multi-process: `multihost_utils.reached_preemption_sync_point` — jax's preemption service propagates a
+        SIGTERM received by any process and names the call at which all of them stop, so all of them save the
+        same step (a save is collective). It is called once per `maybe_save` on every process (a monotonic
+        counter, not the step, which goes back on a rollback)."""
         if self.stop_requested:
             return
-        if jax.process_count() == 1:
+        if not self._multi_process:
             self.stop_requested = self._signal_received
-            return
-        if step % self._stop_sync_every:
             return
         from jax.experimental import multihost_utils
 
-        votes = multihost_utils.process_allgather(jnp.int32(self._signal_received))
-        self.stop_requested = bool(votes.any())
+        self._sync_calls += 1
+        if multihost_utils.reached_preemption_sync_point(self._sync_calls):
+            self.stop_requested, self.stop_signal = True, "SIGTERM"
+        del step
 
     def _restore_signal_handlers(self) -> None:
         for sig, handler in self._old_handlers.items():
@@ -148,7 +154,6 @@ class TrainCheckpointer:
             self._target = abstract_target(state, shardings)
         self.heartbeat.beat(int(state.step), "start")
         self.ckpt._check_space(tree_nbytes(self._target))
-        self.ckpt.cleanup_uncommitted()
         self.events.write("start", checkpoint_dir=self.ckpt.directory, devices=jax.device_count(),
                           mesh={k: int(v) for k, v in jax.tree.leaves(shardings)[0].mesh.shape.items()},
                           committed=self.ckpt.committed_steps())

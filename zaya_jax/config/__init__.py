@@ -59,7 +59,7 @@ __all__ = [
     "CONCRETE_DISPATCHES", "CONTEXT_CHUNKS", "CONTEXT_LAYOUTS", "DECAY_SHAPES", "DEFAULT_CORPUS_MAX_BYTES",
     "DISPATCHES", "DTYPES", "ERROR_SHAPES", "GAIN_UNITS", "GRAD_REDUCE_DTYPES", "PARAM_SHARDINGS", "REMAT_POLICIES",
     "SCHEDULES", "SECTIONS", "SKIP_OUTPUTS", "ConfigError", "balancing_config", "check_sequence_split",
-    "checkpoint_config", "choice_table", "config_module", "data_config", "default_config", "load_config",
+    "checkpoint_config", "choice_table", "config_module", "installed_configs_dir", "resolve_config_path", "data_config", "default_config", "load_config",
     "mesh_config", "model_config", "num_rotary_dims", "optimizer_config", "round_up", "train_config", "validate",
     "validate_balancing", "validate_checkpoint", "validate_data", "validate_mesh", "validate_model",
     "validate_optimizer", "validate_train",
@@ -77,9 +77,38 @@ def config_module(path: str) -> ModuleType:
     return module
 
 
+CONFIGS = "experiments"  # where the experiment configs live in a checkout (and as zaya_jax/experiments installed)
+
+
+def installed_configs_dir() -> str | None:
+    """The experiment configs shipped with the package: `zaya_jax/experiments/` of an installed package (setup.py
+    maps the checkout's `experiments/` there), else the checkout's `experiments/`."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for directory in (os.path.join(package, CONFIGS), os.path.join(os.path.dirname(package), CONFIGS)):
+        if os.path.isdir(directory):
+            return directory
+    return None
+
+
+def resolve_config_path(spec: str) -> str:
+    """`experiments/NAME.py[:arg]` → the installed copy of NAME.py when the path does not exist relative to the
+    working directory (e.g. after `pip install .`, run from another directory); any other spec unchanged."""
+    path, sep, arg = spec.partition(":")
+    if os.path.exists(spec) or os.path.exists(path) or os.path.isabs(path):
+        return spec
+    norm = os.path.normpath(path)
+    directory = installed_configs_dir()
+    if directory is None or not norm.startswith(CONFIGS + os.sep):
+        return spec
+    candidate = os.path.join(directory, os.path.relpath(norm, CONFIGS))
+    return candidate + sep + arg if os.path.exists(candidate) else spec
+
+
 def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
     """Load and validate `get_config(arg)` from a Python config file (the big_vision / config_flags convention:
-    `path:arg` selects a variant, e.g. `experiments/zaya1.py:tiny`)."""
+    `path:arg` selects a variant, e.g. `experiments/zaya1.py:tiny`); an `experiments/...` path is looked up
+    with `resolve_config_path`."""
+    path = resolve_config_path(path)
     if ":" in path and not os.path.exists(path):
         path, arg = path.split(":", 1)
     module = config_module(path)

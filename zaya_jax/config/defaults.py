@@ -134,6 +134,9 @@ def train_config() -> ml_collections.ConfigDict:
             grad_reduce_dtype="float32",
             loss_chunk=1024,  # sequence positions per cross-entropy chunk (tied head + log-softmax)
             log_every=10,
+            # jax's persistent compilation cache: "" = $JAX_COMPILATION_CACHE_DIR if set, else <workdir>/xla_cache
+            # (launchers without a workdir: ~/.cache/zaya_jax/xla_cache); "none" = off (launch/cli.py)
+            compilation_cache_dir="",
             run_name="",  # TensorBoard run name (events in <workdir>/tensorboard/<run_name>); "" = workdir's name
             eval_every=0,
             eval_batches=4,
@@ -207,7 +210,6 @@ def checkpoint_config() -> ml_collections.ConfigDict:
             spike_zscore=0.0,  # loss z-score over `spike_window` steps that counts as a spike (0 = off)
             spike_window=32,
             max_rollbacks=3,  # rollbacks onto one checkpoint before the run gives up
-            preemption_sync_every=10,  # multi-process: steps between the "did anyone get SIGTERM?" exchange
             faults="",  # fault injection, e.g. "crash@5,nan@12" (also env ZAYA_FAULTS; see checkpoint/faults.py)
         )
     )

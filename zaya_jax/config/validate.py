@@ -149,8 +149,6 @@ def validate_data(d: ml_collections.ConfigDict) -> None:
 
 def validate_checkpoint(c: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` for invalid `config.checkpoint` values."""
-    _check(int(c.preemption_sync_every) >= 1,
-           f"checkpoint.preemption_sync_every={c.preemption_sync_every} must be >= 1")
     for name in ("every", "keep_every", "spike_window", "max_rollbacks"):
         _check(int(c[name]) >= 0, f"checkpoint.{name}={c[name]} must be >= 0")
     _check(int(c.keep) >= 1, f"checkpoint.keep={c.keep} must be >= 1 (the newest checkpoint is always kept)")

@@ -6,6 +6,12 @@ is shuffled by seed and repeated (reshuffled every epoch), sources are mixed by 
 takes rows [k + p*B/P, k + (p+1)*B/P). Its state is just k (plus a config fingerprint), so it
 survives batch-size ramps and changes of the process count.
 
+`grain.experimental.ElasticIterator` keeps the same kind of state (a global next index) but is not used: it
+fixes the global batch size when it is built (the batch ramp changes it from step to step, which would mean a
+new iterator per ramp stage), and process p reads the strided rows k + p, k + p + P, ... where this pipeline
+gives each process a contiguous block, so adopting it would change the data order of existing runs and the
+1-process = 2-process equality the tests check, without adding anything the global counter lacks.
+
 Batch dict (B = per-process batch, S = seq_len):
     input_ids   int32   [B, S]  row[:-1]
     labels      int32   [B, S]  row[1:]

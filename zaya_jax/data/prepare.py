@@ -213,6 +213,21 @@ def prepare(inputs: Sequence[str], output_dir: str, *, seq_len: int, tokenizer: 
         return manifest
 
 
+ENCODE_BATCH = 64  # documents per `Tokenizer.encode_batch` call (tokenizers encodes a batch in parallel)
+
+
+def _batched(items: Iterable, size: int) -> Iterable[list]:
+    """Lists of up to `size` consecutive items."""
+    batch = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 def _pack(docs: Iterable[tuple[str, str]], out: str, tok: Tokenizer, row_len: int, shard_rows: int,
           done: list[dict], total_bytes: int, progress: bool) -> int:
     """Pack documents into shards after the `done` ones; returns the number of documents seen."""
@@ -224,21 +239,24 @@ def _pack(docs: Iterable[tuple[str, str]], out: str, tok: Tokenizer, row_len: in
     ordinal, last_path = -1, None
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"prepare {os.path.basename(out)}",
                disable=not progress)
-    for ordinal, (path, text) in enumerate(docs):
-        if path != last_path:
-            if last_path is not None:
-                bar.update(os.path.getsize(last_path))
-            last_path = path
-            bar.set_postfix(docs=ordinal, shards=packer.shard, refresh=False)
-        if ordinal < resume["doc"]:
-            continue
-        ids = tok.encode_array(text)
-        if ids.size and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
-            bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
-            raise DataError(f"token id {bad} in {path} is outside [0, vocab_size={tok.vocab_size}); use a "
-                            "larger vocab_size or the tokenizer the vocab was built for")
-        start = resume["offset"] if ordinal == resume["doc"] else 0
-        packer.add(ordinal, np.concatenate([ids, eos]), start)
+    for batch in _batched(enumerate(docs), ENCODE_BATCH):
+        todo = [(ordinal, text) for ordinal, (_, text) in batch if ordinal >= resume["doc"]]
+        encoded = dict(zip((o for o, _ in todo), tok.encode_batch([t for _, t in todo]) if todo else []))
+        for ordinal, (path, _) in batch:
+            if path != last_path:
+                if last_path is not None:
+                    bar.update(os.path.getsize(last_path))
+                last_path = path
+                bar.set_postfix(docs=ordinal, shards=packer.shard, refresh=False)
+            if ordinal not in encoded:
+                continue
+            ids = encoded.pop(ordinal)
+            if ids.size and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
+                bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
+                raise DataError(f"token id {bad} in {path} is outside [0, vocab_size={tok.vocab_size}); use a "
+                                "larger vocab_size or the tokenizer the vocab was built for")
+            start = resume["offset"] if ordinal == resume["doc"] else 0
+            packer.add(ordinal, np.concatenate([ids, eos]), start)
     if last_path is not None:
         bar.update(os.path.getsize(last_path))
     bar.close()

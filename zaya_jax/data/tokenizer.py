@@ -47,6 +47,8 @@ class Tokenizer(Protocol):
 
     def encode_array(self, text: str) -> np.ndarray: ...
 
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]: ...
+
     def decode(self, ids: Sequence[int]) -> str: ...
 
     def describe(self) -> dict: ...
@@ -67,6 +69,10 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """`encode_array` of each text."""
+        return [self.encode_array(t) for t in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Inverse of `encode`; special and out-of-range ids are dropped."""
@@ -136,6 +142,11 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """Token ids of each text, int32 arrays; `tokenizers` encodes the batch on several threads."""
+        return [np.asarray(e.ids, dtype=np.int32) for e in self._tok.encode_batch(list(texts),
+                                                                                  add_special_tokens=False)]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)

@@ -1,8 +1,7 @@
 """Read and write `transformers`-style ZAYA checkpoints (config.json + *.safetensors) without torch.
 
-Weights go through `safetensors` with the NumPy framework; BF16 tensors (which NumPy's safetensors
-binding cannot materialise) are read from the file's documented header + raw little-endian bytes as
-`ml_dtypes.bfloat16`. Spec: docs/architecture.md §11.
+Weights go through `safetensors` with the NumPy framework (`safe_open(framework="numpy")`, which returns BF16
+tensors as `ml_dtypes.bfloat16` arrays from safetensors 0.8 on). Tensor names: `zaya_jax/hf/mapping.py`; layouts: docs/architecture.md §11.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from typing import Any
 
 import jax.numpy as jnp
 import ml_collections
-import ml_dtypes
 import numpy as np
 import safetensors.numpy
 from flax import nnx
@@ -29,7 +27,6 @@ from zaya_jax.hf.mapping import (
 from zaya_jax.model import Zaya, abstract_model
 
 CONFIG_FILE, SINGLE_FILE, INDEX_FILE = "config.json", "model.safetensors", "model.safetensors.index.json"
-_RAW_DTYPES = {"BF16": ml_dtypes.bfloat16}
 
 
 def read_hf_config(path: str) -> dict[str, Any]:
@@ -82,22 +79,7 @@ class SafetensorsCheckpoint:
         return tuple(self._handles[self.file_of[name]].get_slice(name).get_shape())
 
     def get(self, name: str) -> np.ndarray:
-        file = self.file_of[name]
-        dtype = self._handles[file].get_slice(name).get_dtype()
-        if dtype in _RAW_DTYPES:
-            return _read_raw(file, name, _RAW_DTYPES[dtype])
-        return self._handles[file].get_tensor(name)
-
-
-def _read_raw(file: str, name: str, dtype) -> np.ndarray:
-    """One tensor from the safetensors layout: u64 header length, JSON header, raw little-endian data."""
-    with open(file, "rb") as f:
-        header_len = int.from_bytes(f.read(8), "little")
-        entry = json.loads(f.read(header_len))[name]
-    begin, end = entry["data_offsets"]
-    count = (end - begin) // np.dtype(dtype).itemsize
-    data = np.fromfile(file, dtype=dtype, count=count, offset=8 + header_len + begin)
-    return data.reshape(entry["shape"])
+        return self._handles[self.file_of[name]].get_tensor(name)
 
 
 def _read_state(ckpt: SafetensorsCheckpoint, m: ml_collections.ConfigDict, layout: str,

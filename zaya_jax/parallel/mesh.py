@@ -4,6 +4,13 @@ fastest links — the 8 GPUs of an MI300X node), built from `config.mesh` (`-1` 
 Multi-process aware: the mesh spans `jax.devices()` (all processes' devices); axis types are passed
 explicitly (`Auto`: GSPMD-style propagation; `jax.shard_map` makes axes manual where needed).
 
+Several nodes (one process per node, as `launch/rocm` starts them): the mesh is built as a hybrid of the
+slow inter-node network (DCN: the NICs) and the fast in-node links (ICI / xGMI), as MaxText's `dcn_*` /
+`ici_*` parallelism does with `jax.experimental.mesh_utils.create_hybrid_device_mesh`: only `data` spans
+nodes (DCN shape data=nodes), while `context` and `expert` — the axes with all-to-all and ring traffic every
+layer — stay inside a node (ICI shape data/nodes × context × expert), whatever order the runtime lists the
+devices in (arXiv 2511.17127 §2 trains with data parallelism across nodes).
+
 Whether a config's batch schedule fits a mesh is checked by `zaya_jax.train.schedule.check_layout`.
 """
 
@@ -21,6 +28,19 @@ AXES = ("data", "context", "expert")
 # Mesh axes that split the batch of tokens outside attention (the expert axis doubles as data parallelism
 # for the dense parts of the model, DeepSpeed-MoE style).
 BATCH_AXES = ("data", "expert")
+
+
+def parse_mesh_spec(text: str) -> dict[str, int]:
+    """The launchers' one mesh syntax: 'data:4,expert:2' → {'data': 4, 'context': 1, 'expert': 2} (axes not named
+    are 1; one size may be -1 to fill the devices). Raises a one-line ConfigError."""
+    sizes = dict.fromkeys(AXES, 1)
+    for part in filter(None, (p.strip() for p in str(text).split(","))):
+        name, sep, value = part.partition(":")
+        if not sep or name.strip() not in AXES or not value.strip().lstrip("-").isdigit():
+            raise ConfigError(f"mesh {text!r}: {part!r} is not axis:size; use comma-separated axis:size with axes "
+                              f"{', '.join(AXES)}, e.g. data:4,expert:2")
+        sizes[name.strip()] = int(value)
+    return sizes
 
 
 def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) -> dict[str, int]:
@@ -51,11 +71,31 @@ def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) ->
                           "choose an expert axis size that divides the expert count")
     shape = tuple(sizes[name] for name in AXES)
     axis_types = (AxisType.Auto,) * len(AXES)
+    if len({d.process_index for d in devices}) > 1:
+        return Mesh(hybrid_device_grid(sizes, devices), AXES, axis_types=axis_types)
     if len(devices) == len(jax.devices()):
         return jax.make_mesh(shape, AXES, axis_types=axis_types)
     import numpy as np
 
     return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=axis_types)
+
+
+def hybrid_device_grid(sizes: dict[str, int], devices: list):
+    """Devices [data, context, expert] for several nodes (one process each): DCN shape (nodes, 1, 1), ICI shape
+    (data / nodes, context, expert); node k holds data rows [k·data/nodes, (k+1)·data/nodes). Raises a one-line
+    ConfigError if `context` × `expert` does not fit in a node or `data` does not split over the nodes."""
+    from jax.experimental import mesh_utils
+
+    nodes = len({d.process_index for d in devices})
+    per_node = len(devices) // nodes
+    inner = sizes["context"] * sizes["expert"]
+    if sizes["data"] % nodes or inner * (sizes["data"] // nodes) != per_node:
+        raise ConfigError(f"mesh {sizes} over {nodes} nodes of {per_node} devices: only mesh.data spans nodes "
+                          f"(context and expert stay inside a node), so mesh.data must be a multiple of {nodes} and "
+                          f"context x expert ({inner}) must divide the {per_node} devices of a node")
+    ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
+    return mesh_utils.create_hybrid_device_mesh((sizes["data"] // nodes, sizes["context"], sizes["expert"]),
+                                                (nodes, 1, 1), ordered, process_is_granule=True)
 
 
 def axis_size(mesh: Mesh, *names: str) -> int:

@@ -96,13 +96,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         state = checkpointer.restore_or_keep(state, training.shardings, train_iter, codec=training)
     eval_step = make_eval_step(graphdef, mesh, config)
     lr_fns = schedule.learning_rate_schedules(config)
-    writer = MetricWriter(workdir, run_name=t.run_name)
+    start = int(state.step)
+    writer = MetricWriter(workdir, run_name=t.run_name, start_step=start)
     monitor = health.BalanceMonitor(config.balancing, config.model)
     flops_per_token = train_flops_per_token(config.model, t.seq_len)
     peak = mesh_peak_flops(config)
     if peak is None and jax.process_index() == 0:
         logging.info(MEASURE_PEAK_HINT.format(kind=jax.devices()[0].device_kind))
-    start = int(state.step)
     show = not quiet and jax.process_index() == 0
     if show:
         tqdm.write(health.LEGEND)
@@ -143,12 +143,16 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         if checkpointer is not None and checkpointer.stop_requested:  # preempted: saved; finish() closes
             break
     bar.close()
-    summary = {"steps": int(state.step), "final_loss": row.get("loss", math.nan)}
+    last_loss = row.get("loss", writer.last("loss"))  # a resumed run that trained no step: the logged one
+    summary = {"steps": int(state.step), "final_loss": math.nan if last_loss is None else last_loss}
     preempted = checkpointer is not None and checkpointer.stop_requested  # saved; the grace period is short
     if eval_iter is not None and not preempted:
-        summary["eval_loss"] = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
-                                        t.eval_batches)
-        writer.write(int(state.step), {"eval_loss": summary["eval_loss"]})
+        logged = writer.last("eval_loss", step=int(state.step))  # evaluated at this step already (eval_every)
+        if logged is None:
+            logged = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
+                              t.eval_batches)
+            writer.write(int(state.step), {"eval_loss": logged})
+        summary["eval_loss"] = logged
     summary["data"] = list(data_dirs)
     if len(data_dirs) == 1:
         from zaya_jax.data.corpus import unigram_entropy

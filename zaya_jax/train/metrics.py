@@ -91,26 +91,63 @@ def custom_scalars_layout() -> dict:
     return {"overview": overview, "MoE balance": moe}
 
 
+def _keep_rows_up_to(path: str, step: int) -> dict[str, dict[str, Any]]:
+    """Drop rows of steps > `step` from the JSONL file at `path` (rewritten atomically, only if any go);
+    returns {metric name: last kept row that has it}."""
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept, last = [], {}
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a crash
+            continue
+        if int(row.get("step", 0)) <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+            last.update({name: row for name in row if name not in ("step", "time")})
+    if len(kept) != len(lines):
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
+    return last
+
+
 class MetricWriter:
     """Appends rows to `<workdir>/metrics.jsonl` and scalars to `<workdir>/tensorboard/<run_name>`."""
 
-    def __init__(self, workdir: str, *, run_name: str = "", enabled: bool | None = None):
+    def __init__(self, workdir: str, *, run_name: str = "", enabled: bool | None = None, start_step: int = 0):
+        """`start_step`: the step training resumes from. Rows logged after it by an earlier attempt (steps
+        that will be trained again) are dropped from the JSONL file and purged from TensorBoard, so a resumed
+        run has one row per step; `self.previous` keeps the last kept row of each metric name."""
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.run_name = run_name or os.path.basename(os.path.normpath(os.path.abspath(workdir))) or "run"
         self._jsonl = self._tb = None
+        self.previous: dict[str, dict[str, Any]] = {}
         if self.enabled:
             os.makedirs(workdir, exist_ok=True)
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            path = os.path.join(workdir, "metrics.jsonl")
+            self.previous = _keep_rows_up_to(path, start_step)
+            self._jsonl = open(path, "a", encoding="utf-8")
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard", self.run_name))
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard", self.run_name),
+                                     purge_step=start_step + 1 if start_step else None)
             self._tb.add_custom_scalars(custom_scalars_layout())
+
+    def last(self, name: str, step: int | None = None) -> Any:
+        """Value of metric `name` in the last row that has it (written by this or an earlier attempt), or None;
+        with `step`, only a row of exactly that step counts."""
+        row = self.previous.get(name)
+        return None if row is None or (step is not None and row["step"] != step) else row[name]
 
     def write(self, step: int, metrics: dict[str, Any]) -> dict[str, Any]:
         row = {"step": int(step), "time": time.time(), **{k: to_python(v) for k, v in metrics.items()}}
         if not self.enabled:
             return row
         self._jsonl.write(json.dumps(row) + "\n")
+        self.previous.update({name: row for name in metrics})
         self._jsonl.flush()
         for tag, value in tensorboard_scalars(row).items():
             self._tb.add_scalar(tag, value, step)
