@@ -4,5 +4,7 @@ Everything else is in setup.cfg."""
 
 from setuptools import find_packages, setup
 
-setup(packages=find_packages(include=["zaya_jax", "zaya_jax.*", "launch", "launch.*"]) + ["zaya_jax.experiments"],
-      package_dir={"zaya_jax.experiments": "experiments"})
+setup(
+    packages=find_packages(include=["zaya_jax", "zaya_jax.*", "launch", "launch.*"]) + ["zaya_jax.experiments"],
+    package_dir={"zaya_jax.experiments": "experiments"},
+)

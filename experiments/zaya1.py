@@ -36,8 +36,18 @@ from zaya_jax.config import ConfigError, default_config
 
 # ---------------------------------------------------------------------------- the variants
 # geometry: vocab, hidden, layers, q heads, kv heads, head dim, experts, expert width, router width, max positions
-GEOMETRY_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim",
-                   "num_experts", "moe_intermediate_size", "router_hidden_size", "max_position_embeddings")
+GEOMETRY_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_experts",
+    "moe_intermediate_size",
+    "router_hidden_size",
+    "max_position_embeddings",
+)
 GEOMETRY = {
     "tiny": (384, 64, 2, 4, 2, 16, 4, 64, 16, 1024),  # vocab: the byte tokenizer's 259 ids padded to 128s
     "demo": (384, 128, 4, 4, 2, 32, 8, 128, 32, 1024),
@@ -47,23 +57,28 @@ GEOMETRY = {
 }
 # everything else a variant sets, by section
 SETTINGS: dict[str, dict[str, dict]] = {
-    "tiny": {"model": dict(rope_theta=10_000.0),
-             "train": dict(seq_len=128, global_batch_size=8, steps=100),
-             "optimizer": dict(warmup_steps=10)},
+    "tiny": {
+        "model": dict(rope_theta=10_000.0),
+        "train": dict(seq_len=128, global_batch_size=8, steps=100),
+        "optimizer": dict(warmup_steps=10),
+    },
     # 2 data × 4 expert; 2 sequences (512 tokens) per device: even with perfectly balanced global loads,
     # per-device content variation overflows a 2x capacity by up to 1.6% (benchmarks/balancing/README.md);
     # 3x keeps it under 0.1%. Step 0 is saved as the baseline for `launch.eval`.
-    "demo": {"model": dict(rope_theta=10_000.0, dispatch="ep", capacity_factor=3.0),
-             "mesh": dict(data=2, expert=4),
-             "train": dict(seq_len=256, global_batch_size=16, steps=200, log_every=10, eval_every=100,
-                           eval_batches=4),
-             "optimizer": dict(learning_rate=0.02, adam_learning_rate=3e-3, warmup_steps=20, weight_decay=0.01),
-             "checkpoint": dict(save_initial=True)},
+    "demo": {
+        "model": dict(rope_theta=10_000.0, dispatch="ep", capacity_factor=3.0),
+        "mesh": dict(data=2, expert=4),
+        "train": dict(seq_len=256, global_batch_size=16, steps=200, log_every=10, eval_every=100, eval_batches=4),
+        "optimizer": dict(learning_rate=0.02, adam_learning_rate=3e-3, warmup_steps=20, weight_decay=0.01),
+        "checkpoint": dict(save_initial=True),
+    },
     "100m": {"train": dict(seq_len=256, global_batch_size=8)},
     "h1024": {"train": dict(seq_len=512, global_batch_size=4)},
     # the paper-faithful systems preset: bf16, full remat, data parallel over every device
     "base": {"model": dict(dtype="bfloat16", remat="full"), "train": dict(seq_len=4096), "mesh": dict(data=-1)},
 }
+
+
 def variant(name: str) -> ml_collections.ConfigDict:
     """`default_config()` with the geometry and settings of size variant `name` (a key of GEOMETRY)."""
     config = default_config()
@@ -137,13 +152,16 @@ def phase1(config: ml_collections.ConfigDict) -> None:
     o.decay_fraction = 0.1
     o.wsd_decay_shape = "sqrt"
     o.min_lr_ratio = 0.1
-    set_mixture(config, {  # [I] web-dominated; the paper names no sources
-        "web": 0.75,  # filtered Common-Crawl-style web text
-        "code": 0.10,
-        "stem": 0.07,  # papers, textbooks, encyclopedic text
-        "math": 0.05,
-        "structured": 0.03,  # tables, JSON/CSV, markup
-    })
+    set_mixture(
+        config,
+        {  # [I] web-dominated; the paper names no sources
+            "web": 0.75,  # filtered Common-Crawl-style web text
+            "code": 0.10,
+            "stem": 0.07,  # papers, textbooks, encyclopedic text
+            "math": 0.05,
+            "structured": 0.03,  # tables, JSON/CSV, markup
+        },
+    )
 
 
 def phase2(config: ml_collections.ConfigDict) -> None:
@@ -159,13 +177,16 @@ def phase2(config: ml_collections.ConfigDict) -> None:
     o.learning_rate = o.adam_learning_rate = 0.75 * PEAK_LR
     o.warmup_steps = 1000
     o.min_lr_ratio = 0.0
-    set_mixture(config, {  # [I] shift towards dense STEM; web replay kept at 35%
-        "web": 0.35,
-        "code": 0.20,
-        "math": 0.20,
-        "stem": 0.15,
-        "structured": 0.10,
-    })
+    set_mixture(
+        config,
+        {  # [I] shift towards dense STEM; web replay kept at 35%
+            "web": 0.35,
+            "code": 0.20,
+            "math": 0.20,
+            "stem": 0.15,
+            "structured": 0.10,
+        },
+    )
 
 
 def phase3(config: ml_collections.ConfigDict) -> None:
@@ -182,14 +203,17 @@ def phase3(config: ml_collections.ConfigDict) -> None:
     o.learning_rate = o.adam_learning_rate = 0.3 * PEAK_LR
     o.warmup_steps = 500
     o.min_lr_ratio = 0.0
-    set_mixture(config, {  # [I]
-        "long": 0.30,  # documents ≥ 32k tokens: books, long papers, whole repositories
-        "reasoning": 0.25,  # reasoning / chain-of-thought traces
-        "web": 0.20,  # replay
-        "code": 0.10,
-        "math": 0.10,
-        "stem": 0.05,
-    })
+    set_mixture(
+        config,
+        {  # [I]
+            "long": 0.30,  # documents ≥ 32k tokens: books, long papers, whole repositories
+            "reasoning": 0.25,  # reasoning / chain-of-thought traces
+            "web": 0.20,  # replay
+            "code": 0.10,
+            "math": 0.10,
+            "stem": 0.05,
+        },
+    )
 
 
 PHASES = {"phase1": phase1, "phase2": phase2, "phase3": phase3}  # variants of "base"
@@ -216,8 +240,10 @@ def _override(config: ml_collections.ConfigDict, item: str) -> None:
     except (KeyError, TypeError):
         ok = False
     if not ok:
-        raise ConfigError(f"experiments/zaya1.py: extra {item!r} is not `section.field=value` for an existing field "
-                          "(e.g. tiny,train.steps=5)")
+        raise ConfigError(
+            f"experiments/zaya1.py: extra {item!r} is not `section.field=value` for an existing field "
+            "(e.g. tiny,train.steps=5)"
+        )
     node[field] = _literal(text.strip())
 
 
@@ -226,8 +252,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     name, *extras = (arg or "base").split(",")
     name = name.strip()
     if name not in VARIANTS:
-        raise ConfigError(f"experiments/zaya1.py: unknown variant {name!r}; choose one of {VARIANTS} "
-                          "(e.g. --config=experiments/zaya1.py:tiny)")
+        raise ConfigError(
+            f"experiments/zaya1.py: unknown variant {name!r}; choose one of {VARIANTS} "
+            "(e.g. --config=experiments/zaya1.py:tiny)"
+        )
     config = variant("base" if name in PHASES else name)
     if name in PHASES:
         _common(config)

@@ -17,6 +17,8 @@ def get_config(arg=None):
     zaya1 = config_module(os.path.join(os.path.dirname(__file__), "zaya1.py"))
     phase = (arg or "").split(",")[0]
     if phase and phase not in zaya1.PHASES:
-        raise ConfigError(f"experiments/zaya1_base.py: unknown phase {phase!r}; choose one of {tuple(zaya1.PHASES)} "
-                          "(e.g. --config=experiments/zaya1_base.py:phase2) or no suffix for the architecture")
+        raise ConfigError(
+            f"experiments/zaya1_base.py: unknown phase {phase!r}; choose one of {tuple(zaya1.PHASES)} "
+            "(e.g. --config=experiments/zaya1_base.py:phase2) or no suffix for the architecture"
+        )
     return zaya1.get_config(arg or "base")

@@ -60,8 +60,11 @@ def _dtype(f: flags.FlagValues):
     return jnp.dtype(f.dtype or common.default_float_dtype())
 
 
-@register_suite("collectives", "all-reduce, reduce-scatter, all-gather, broadcast (emulated), "
-                               "all-to-all, ppermute vs message size and device count")
+@register_suite(
+    "collectives",
+    "all-reduce, reduce-scatter, all-gather, broadcast (emulated), "
+    "all-to-all, ppermute vs message size and device count",
+)
 def _run_collectives(f: flags.FlagValues) -> None:
     import jax.numpy as jnp
 
@@ -74,10 +77,15 @@ def _run_collectives(f: flags.FlagValues) -> None:
     else:
         min_b, max_b, warmup, trials = 1 << 10, 1 << 26, 2, 10
     collectives.run(
-        f.out, names=names, device_counts=counts or collectives.default_device_counts(),
-        min_bytes=f.min_bytes or min_b, max_bytes=f.max_bytes or max_b,
+        f.out,
+        names=names,
+        device_counts=counts or collectives.default_device_counts(),
+        min_bytes=f.min_bytes or min_b,
+        max_bytes=f.max_bytes or max_b,
         dtype=jnp.dtype(f.dtype) if f.dtype else jnp.float32,
-        warmup=f.warmup if f.warmup is not None else warmup, trials=f.trials or trials)
+        warmup=f.warmup if f.warmup is not None else warmup,
+        trials=f.trials or trials,
+    )
 
 
 @register_suite("gemm", "achieved TFLOP/s: square, ZAYA1 shapes, unaligned sizes, grouped expert GEMM")
@@ -86,16 +94,20 @@ def _run_gemm(f: flags.FlagValues) -> None:
 
     from zaya_jax.bench import gemm
 
-    kwargs: dict = dict(dtype=_dtype(f), warmup=f.warmup if f.warmup is not None else 2,
-                        trials=f.trials or 5, tokens=f.gemm_tokens)
+    kwargs: dict = dict(
+        dtype=_dtype(f), warmup=f.warmup if f.warmup is not None else 2, trials=f.trials or 5, tokens=f.gemm_tokens
+    )
     if f.quick:
         cpu = jax.default_backend() == "cpu"
-        kwargs.update(square=(64, 128, 256) if cpu else (1024, 4096, 8192),
-                      tokens=f.gemm_tokens or (32 if cpu else 4096),
-                      unaligned_bases=(128,) if cpu else (2048,),
-                      grouped=(128, 128, 256, 4) if cpu else (8192, 2048, 4096, 16),
-                      max_gflop=f.max_gflop or (2.0 if cpu else None),
-                      warmup=1 if f.warmup is None else f.warmup, trials=f.trials or 3)
+        kwargs.update(
+            square=(64, 128, 256) if cpu else (1024, 4096, 8192),
+            tokens=f.gemm_tokens or (32 if cpu else 4096),
+            unaligned_bases=(128,) if cpu else (2048,),
+            grouped=(128, 128, 256, 4) if cpu else (8192, 2048, 4096, 16),
+            max_gflop=f.max_gflop or (2.0 if cpu else None),
+            warmup=1 if f.warmup is None else f.warmup,
+            trials=f.trials or 3,
+        )
     elif f.max_gflop:
         kwargs["max_gflop"] = f.max_gflop
     gemm.run(f.out, **kwargs)
@@ -106,9 +118,14 @@ def _run_membw(f: flags.FlagValues) -> None:
     from zaya_jax.bench import membw
 
     min_b, max_b = (1 << 16, 1 << 22) if f.quick else (1 << 20, None)
-    membw.run(f.out, min_bytes=f.min_bytes or min_b, max_bytes=f.max_bytes or max_b, dtype=_dtype(f),
-              warmup=f.warmup if f.warmup is not None else (1 if f.quick else 2),
-              trials=f.trials or (3 if f.quick else 10))
+    membw.run(
+        f.out,
+        min_bytes=f.min_bytes or min_b,
+        max_bytes=f.max_bytes or max_b,
+        dtype=_dtype(f),
+        warmup=f.warmup if f.warmup is not None else (1 if f.quick else 2),
+        trials=f.trials or (3 if f.quick else 10),
+    )
 
 
 def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = False):
@@ -126,13 +143,23 @@ def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = Fals
     return validate(config)
 
 
-@register_suite("train", "training tokens/s of the jitted train step vs transformers ZayaForCausalLM "
-                         "(interleaved, same weights and batches), MFU vs the measured GEMM peak")
+@register_suite(
+    "train",
+    "training tokens/s of the jitted train step vs transformers ZayaForCausalLM "
+    "(interleaved, same weights and batches), MFU vs the measured GEMM peak",
+)
 def _run_train(f: flags.FlagValues) -> None:
     from zaya_jax.bench import common, train
 
-    config = train.bench_config(_bench_config(f, "experiments/zaya1_100m.py"), quick=f.quick, batch=f.batch,
-                                seq=f.seq_len, dispatch=f.dispatch, dtype=f.dtype, remat=f.remat)
+    config = train.bench_config(
+        _bench_config(f, "experiments/zaya1_100m.py"),
+        quick=f.quick,
+        batch=f.batch,
+        seq=f.seq_len,
+        dispatch=f.dispatch,
+        dtype=f.dtype,
+        remat=f.remat,
+    )
     extra_rows, notes = [], []
     if not f.quick and not f.train_side:
         from zaya_jax.bench import maxtext
@@ -144,13 +171,24 @@ def _run_train(f: flags.FlagValues) -> None:
     rows = None
     if f.separate_runs:
         rows = train.pool_rounds(config, _separate_train_runs(f))
-        notes.append(f"each side ran alone in its own process, {f.separate_runs} rounds alternating "
-                     "zaya_jax / transformers (`--separate_runs`); step times pooled over the rounds")
-    train.run(f.out, config, command=common.command_line(), steps=f.trials or (2 if f.quick else 3),
-              warmup=f.warmup if f.warmup is not None else 1,
-              optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),
-              reference=f.reference, gemm_size=256 if f.quick else 1024, extra_rows=extra_rows,
-              extra_notes=notes, rows=rows, sides=[f.train_side] if f.train_side else train.SIDES)
+        notes.append(
+            f"each side ran alone in its own process, {f.separate_runs} rounds alternating "
+            "zaya_jax / transformers (`--separate_runs`); step times pooled over the rounds"
+        )
+    train.run(
+        f.out,
+        config,
+        command=common.command_line(),
+        steps=f.trials or (2 if f.quick else 3),
+        warmup=f.warmup if f.warmup is not None else 1,
+        optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),
+        reference=f.reference,
+        gemm_size=256 if f.quick else 1024,
+        extra_rows=extra_rows,
+        extra_notes=notes,
+        rows=rows,
+        sides=[f.train_side] if f.train_side else train.SIDES,
+    )
 
 
 def _separate_train_runs(f: flags.FlagValues) -> list[list[dict]]:
@@ -177,21 +215,34 @@ def _run_moe(f: flags.FlagValues) -> None:
 
     config = _bench_config(f, "experiments/zaya1_100m.py", quick_model=f.quick)
     tokens = f.tokens or (256 if f.quick else config.train.global_batch_size * config.train.seq_len)
-    moe.run(f.out, config.model, tokens, command=common.command_line(),
-            dispatches=f.dispatches or moe.DISPATCHES,
-            capacity_factors=[float(x) for x in f.capacity_factors] if f.capacity_factors else
-            ([] if f.quick else [2.0, 1.25]),
-            warmup=f.warmup if f.warmup is not None else 1, trials=f.trials or (2 if f.quick else 5))
+    moe.run(
+        f.out,
+        config.model,
+        tokens,
+        command=common.command_line(),
+        dispatches=f.dispatches or moe.DISPATCHES,
+        capacity_factors=[float(x) for x in f.capacity_factors]
+        if f.capacity_factors
+        else ([] if f.quick else [2.0, 1.25]),
+        warmup=f.warmup if f.warmup is not None else 1,
+        trials=f.trials or (2 if f.quick else 5),
+    )
 
 
 @register_suite("compile", "train-step compile time vs depth (8, 40, 80 layers) for a small-width config")
 def _run_compile(f: flags.FlagValues) -> None:
-    from zaya_jax.bench import common, compile as compile_bench
+    from zaya_jax.bench import common
+    from zaya_jax.bench import compile as compile_bench
 
     depths = [int(d) for d in f.depths] if f.depths else ([2, 4] if f.quick else [8, 40, 80])
-    compile_bench.run(f.out, _bench_config(f, "experiments/zaya1_100m.py"), command=common.command_line(),
-                      depths=depths, optimizer=(f.optimizers or ["muon"])[0],
-                      **(dict(batch=2, seq=32) if f.quick else {}))
+    compile_bench.run(
+        f.out,
+        _bench_config(f, "experiments/zaya1_100m.py"),
+        command=common.command_line(),
+        depths=depths,
+        optimizer=(f.optimizers or ["muon"])[0],
+        **(dict(batch=2, seq=32) if f.quick else {}),
+    )
 
 
 @register_suite("checkpoint", "Orbax checkpoint save throughput vs raw sequential writes (fsync) to the same disk")
@@ -199,36 +250,55 @@ def _run_checkpoint(f: flags.FlagValues) -> None:
     from zaya_jax.bench import ckpt, common
 
     config = _bench_config(f, "experiments/zaya1_100m.py", quick_model=f.quick)
-    ckpt.run(f.out, config, command=common.command_line(), directory=f.ckpt_dir,
-             trials=f.trials or (2 if f.quick else 3), optimizer=(f.optimizers or ["muon"])[0])
+    ckpt.run(
+        f.out,
+        config,
+        command=common.command_line(),
+        directory=f.ckpt_dir,
+        trials=f.trials or (2 if f.quick else 3),
+        optimizer=(f.optimizers or ["muon"])[0],
+    )
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("suite", None, "benchmark suite, one of the SUITES registry: " +
-                    "; ".join(f"{k}: {v[1]}" for k, v in SUITES.items()))
+flags.DEFINE_string(
+    "suite",
+    None,
+    "benchmark suite, one of the SUITES registry: " + "; ".join(f"{k}: {v[1]}" for k, v in SUITES.items()),
+)
 flags.DEFINE_string("out", None, "output directory for CSV / PNG / JSON")
 flags.DEFINE_bool("quick", False, "small sweep (CPU smoke test; collectives < 2 min on 2 cores)")
 flags.DEFINE_integer("min_bytes", None, "smallest message / array size in bytes (power of two)")
 flags.DEFINE_integer("max_bytes", None, "largest message / array size in bytes")
 flags.DEFINE_integer("trials", None, "timed iterations per measurement")
 flags.DEFINE_integer("warmup", None, "untimed iterations per measurement (>= 1 incl. compilation)")
-flags.DEFINE_string("dtype", None, "float32 | bfloat16 (default: bf16 on GPU, f32 on CPU; "
-                                   "collectives: float32)")
+flags.DEFINE_string("dtype", None, "float32 | bfloat16 (default: bf16 on GPU, f32 on CPU; collectives: float32)")
 flags.DEFINE_list("device_counts", None, "collectives: device counts (default 2, 4, 8, ... up to all)")
-flags.DEFINE_list("collectives", None, "collectives: subset of all_reduce, reduce_scatter, all_gather, "
-                                       "broadcast, all_to_all, ppermute")
+flags.DEFINE_list(
+    "collectives",
+    None,
+    "collectives: subset of all_reduce, reduce_scatter, all_gather, broadcast, all_to_all, ppermute",
+)
 flags.DEFINE_integer("gemm_tokens", None, "gemm: tokens per device T for the ZAYA1 shapes")
 flags.DEFINE_float("max_gflop", None, "gemm: skip shapes above this many GFLOP")
-config_flags.DEFINE_config_file("config", None, "train/moe/compile/checkpoint: experiment config file[:arg] "
-                                "(default experiments/zaya1_100m.py); --config.x=... overrides")
+config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "train/moe/compile/checkpoint: experiment config file[:arg] "
+    "(default experiments/zaya1_100m.py); --config.x=... overrides",
+)
 flags.DEFINE_integer("batch", None, "train: global batch size override")
 flags.DEFINE_integer("seq_len", None, "train: sequence length override")
 flags.DEFINE_string("dispatch", None, "train: model.dispatch override (auto, grouped, ragged, capacity, ep, dense)")
 flags.DEFINE_string("remat", None, "train: model.remat override")
 flags.DEFINE_list("optimizers", None, "train: adamw (same as the reference) and/or muon (the project default)")
 flags.DEFINE_bool("reference", True, "train: also time transformers ZayaForCausalLM (needs torch + transformers)")
-flags.DEFINE_integer("separate_runs", 0, "train: instead of interleaving steps in one process, run each side "
-                     "alone in a fresh process, alternating, this many rounds (pooled; avoids in-process interference)")
+flags.DEFINE_integer(
+    "separate_runs",
+    0,
+    "train: instead of interleaving steps in one process, run each side "
+    "alone in a fresh process, alternating, this many rounds (pooled; avoids in-process interference)",
+)
 flags.DEFINE_enum("train_side", None, ["zaya_jax", "transformers"], "train: time only this side")
 flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see benchmarks/README.md)")
 flags.DEFINE_integer("tokens", None, "moe: tokens T per block call (default batch x seq of the config)")
@@ -236,8 +306,11 @@ flags.DEFINE_list("dispatches", None, "moe: subset of dense, ragged, capacity, g
 flags.DEFINE_list("capacity_factors", None, "moe: capacity factors for capacity / ep (default 2.0, 1.25)")
 flags.DEFINE_list("depths", None, "compile: layer counts (default 8, 40, 80)")
 flags.DEFINE_string("ckpt_dir", None, "checkpoint: directory on the disk to measure (default: the temp dir)")
-cpu_devices.define_flag(None, "emulated CPU devices (default 8, 1 for the train/moe/compile/checkpoint "
-                              "suites; 0 = as the environment says; wins over XLA_FLAGS' device count when given)")
+cpu_devices.define_flag(
+    None,
+    "emulated CPU devices (default 8, 1 for the train/moe/compile/checkpoint "
+    "suites; 0 = as the environment says; wins over XLA_FLAGS' device count when given)",
+)
 flags.DEFINE_string("coordinator_address", None, "multi-process: jax.distributed coordinator host:port")
 flags.DEFINE_integer("num_processes", None, "multi-process: number of processes")
 flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
@@ -258,8 +331,10 @@ def main(argv: list[str]) -> None:
     if FLAGS.coordinator_address:
         jax.distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     if jax.process_index() == 0:
-        print(f"suite={FLAGS.suite} backend={jax.default_backend()} devices={jax.device_count()} "
-              f"processes={jax.process_count()} out={FLAGS.out}")
+        print(
+            f"suite={FLAGS.suite} backend={jax.default_backend()} devices={jax.device_count()} "
+            f"processes={jax.process_count()} out={FLAGS.out}"
+        )
     SUITES[FLAGS.suite][0](FLAGS)
 
 

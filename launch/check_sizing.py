@@ -9,23 +9,32 @@ violated; 78 (one line, `launch/cli.py`) when the config cannot be loaded or a f
 
 from __future__ import annotations
 
-
 from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
 
 FLAGS = flags.FLAGS
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py[:arg]).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (experiments/*.py[:arg]).", lock_config=True
+)
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.sizing.HARDWARE key)")
 flags.DEFINE_integer("tokens_per_device", None, "tokens per device per microbatch (enables token rules)")
 flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8,expert:2 (default: the config's mesh, axes > 1)")
 flags.DEFINE_bool("strict", False, "also flag dims that are multiples of 64 but not of 128")
 flags.mark_flags_as_required(["config"])
 
-MODEL_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim",
-                "num_experts", "moe_intermediate_size", "router_hidden_size")
+MODEL_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_experts",
+    "moe_intermediate_size",
+    "router_hidden_size",
+)
 
 
 def main(argv: list[str]) -> None:

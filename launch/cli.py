@@ -25,14 +25,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 import traceback
 import warnings
 from typing import Callable, NoReturn
-
-import logging
 
 from absl import app, flags
 
@@ -42,9 +41,13 @@ _OWN_DIRS = tuple(os.path.join(_REPO, name) + os.sep for name in ("zaya_jax", "l
 USER_CACHE = os.path.join("~", ".cache", "zaya_jax", "xla_cache")  # launchers without a workdir
 USER_CACHE_MAX_BYTES = 8 << 30  # least recently used entries of the per-user cache go beyond this
 # (module, class) of the library's one-line errors; a class can only be raised once its module is imported
-_KNOWN = (("zaya_jax.config", "ConfigError"), ("zaya_jax.data.tokenizer", "DataError"),
-          ("zaya_jax.checkpoint.errors", "CheckpointError"), ("zaya_jax.hf.config", "HFConversionError"),
-          ("zaya_jax.inference.loading", "LoadError"))
+_KNOWN = (
+    ("zaya_jax.config", "ConfigError"),
+    ("zaya_jax.data.tokenizer", "DataError"),
+    ("zaya_jax.checkpoint.errors", "CheckpointError"),
+    ("zaya_jax.hf.config", "HFConversionError"),
+    ("zaya_jax.inference.loading", "LoadError"),
+)
 
 
 def _close_progress_bars() -> None:
@@ -75,8 +78,11 @@ def exit_code(err: BaseException) -> int:
 
 def _config_flag_names() -> list[str]:
     """Names of the `config_flags.DEFINE_config_*` flags (not of their `--config.x.y` override flags)."""
-    return [name for name in flags.FLAGS if type(flags.FLAGS[name]).__module__.startswith("ml_collections")
-            and "." not in name]
+    return [
+        name
+        for name in flags.FLAGS
+        if type(flags.FLAGS[name]).__module__.startswith("ml_collections") and "." not in name
+    ]
 
 
 def _config_load_error(err: BaseException, argv: list[str]) -> str:
@@ -95,8 +101,9 @@ def _config_load_error(err: BaseException, argv: list[str]) -> str:
             name = arg[2:].split("=", 1)[0] if arg.startswith("--") else ""
             if key.group(1) in name.split(".")[1:]:
                 parent = name[: name.index(key.group(1))].rstrip(".")
-                return (f"--{name}: the config has no field {key.group(1)!r} in {parent}"
-                        + (f"; did you mean {hint.group(1)!r}?" if hint else "; check the spelling"))
+                return f"--{name}: the config has no field {key.group(1)!r} in {parent}" + (
+                    f"; did you mean {hint.group(1)!r}?" if hint else "; check the spelling"
+                )
     cause = err.__cause__ or err
     lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
@@ -138,6 +145,7 @@ def _show_warning(prog: str, previous: Callable):
             write(f"{prog}: warning: {message}", file=file or sys.stderr)
         else:
             previous(message, category, filename, lineno, file, line)
+
     return show
 
 

@@ -1,6 +1,6 @@
 """Print ZAYA1 parameter counts from the model's abstract init (no weights allocated).
 
-  python -m launch.count_params --config=experiments/zaya1_base.py
+python -m launch.count_params --config=experiments/zaya1_base.py
 """
 
 from absl import flags

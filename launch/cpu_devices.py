@@ -62,8 +62,14 @@ def define_flag(default: int | None, help_text: str | None = None) -> None:
     """Define --cpu_devices (default `default`; None = the launcher decides in `main`)."""
     from absl import flags
 
-    flags.DEFINE_integer("cpu_devices", default, help_text or "Emulated CPU devices when no accelerator is present "
-                         "(wins over XLA_FLAGS' device count; 0 = as the environment says).", lower_bound=0)
+    flags.DEFINE_integer(
+        "cpu_devices",
+        default,
+        help_text
+        or "Emulated CPU devices when no accelerator is present "
+        "(wins over XLA_FLAGS' device count; 0 = as the environment says).",
+        lower_bound=0,
+    )
 
 
 def apply_flag() -> None:

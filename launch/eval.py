@@ -39,8 +39,12 @@ def main(argv: list[str]) -> None:
     tok = None
     if dirs:
         tok = ev.data_tokenizer(dirs, FLAGS.tokenizer)
-        summary["data"] = dict(ev.evaluate_loss(model, dirs, batch_size=FLAGS.batch_size,
-                                                max_batches=FLAGS.max_batches or None, tokenizer=tok), dirs=dirs)
+        summary["data"] = dict(
+            ev.evaluate_loss(
+                model, dirs, batch_size=FLAGS.batch_size, max_batches=FLAGS.max_batches or None, tokenizer=tok
+            ),
+            dirs=dirs,
+        )
     if FLAGS.mc:
         tok = tok or default_tokenizer(FLAGS.tokenizer, FLAGS.hf)
         mc = ev.evaluate_mc(model, tok, ev.load_mc(FLAGS.mc))

@@ -48,14 +48,23 @@ def main(argv: list[str]) -> None:
         cli.fail("generate", f"token id {too_big[0]} >= model vocab_size {model.cfg.vocab_size}; wrong --tokenizer?")
     ids, lengths = left_pad(prompts, tok.pad_id)
     start = time.perf_counter()
-    out = generate(model, ids, max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                   top_k=FLAGS.top_k, top_p=FLAGS.top_p, seed=FLAGS.seed, prompt_lengths=lengths,
-                   eos_id=tok.eos_id if FLAGS.stop_at_eos else None, pad_id=tok.pad_id)
-    new = out[:, ids.shape[1]:].tolist()
+    out = generate(
+        model,
+        ids,
+        max_new_tokens=FLAGS.max_new_tokens,
+        temperature=FLAGS.temperature,
+        top_k=FLAGS.top_k,
+        top_p=FLAGS.top_p,
+        seed=FLAGS.seed,
+        prompt_lengths=lengths,
+        eos_id=tok.eos_id if FLAGS.stop_at_eos else None,
+        pad_id=tok.pad_id,
+    )
+    new = out[:, ids.shape[1] :].tolist()
     seconds = time.perf_counter() - start
     for text, cont in zip(FLAGS.prompt, new):
         if FLAGS.stop_at_eos and tok.eos_id in cont:
-            cont = cont[:cont.index(tok.eos_id)]
+            cont = cont[: cont.index(tok.eos_id)]
         print(f"=== {text!r}\n{text}{tok.decode(cont)}")
     print(f"[{len(new)} x {FLAGS.max_new_tokens} new tokens in {seconds:.2f}s incl. compilation]", file=sys.stderr)
 

@@ -13,7 +13,8 @@ collective wire / ZeRO-1 minimum, projected MFU (compute + memory-bound + collec
 cluster model of `zaya_jax.cluster`, whose assumptions are printed and set by the --gpus_per_node,
 --nic_gbps, --nic_efficiency, --xgmi_link_gbps, --alpha_xgmi_us, --alpha_nic_us, --hbm_efficiency flags).
 
-Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout (`zaya_jax.model.cca_context`).
+Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout
+(`zaya_jax.model.cca_context`).
 
 `--remat=auto` tries none → dots → full and reports the first policy whose peak fits
 `--usable_memory_fraction` of the device memory. `--compile_scaling` compiles the train step of the config at
@@ -37,20 +38,31 @@ from ml_collections import config_flags  # noqa: E402
 from launch import cli, cpu_devices  # noqa: E402
 from zaya_jax.config import PARAM_SHARDINGS, REMAT_POLICIES  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/*.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (experiments/*.py).", lock_config=True
+)
 flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8 or data:2,expert:4 (default: the config's mesh)")
 flags.DEFINE_integer("seq_len", None, "sequence length (default: config.train.seq_len)")
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.sizing.HARDWARE)")
-flags.DEFINE_enum("remat", None, [*REMAT_POLICIES, "auto"],
-                  "remat policy (default: the config's); auto = first of none, dots, full that fits")
+flags.DEFINE_enum(
+    "remat",
+    None,
+    [*REMAT_POLICIES, "auto"],
+    "remat policy (default: the config's); auto = first of none, dots, full that fits",
+)
 flags.DEFINE_enum("param_sharding", None, list(PARAM_SHARDINGS), "default: the config's")
-flags.DEFINE_string("dispatch", "auto", "MoE dispatch for planning: auto (per-device 'ep'), config (keep), "
-                                        "or dense | ragged | capacity | ep")
-flags.DEFINE_float("capacity_factor", 1.0, "capacity factor for planning (0 = the config's); 1.0 sizes the "
-                                           "expert buffers like a dropless grouped GEMM")
+flags.DEFINE_string(
+    "dispatch",
+    "auto",
+    "MoE dispatch for planning: auto (per-device 'ep'), config (keep), or dense | ragged | capacity | ep",
+)
+flags.DEFINE_float(
+    "capacity_factor",
+    1.0,
+    "capacity factor for planning (0 = the config's); 1.0 sizes the expert buffers like a dropless grouped GEMM",
+)
 flags.DEFINE_integer("gpus_per_node", 8, "GPUs per node on xGMI (cluster model)")
 flags.DEFINE_integer("xgmi_links", 7, "xGMI links per GPU (>= gpus_per_node - 1: fully connected node)")
 flags.DEFINE_float("xgmi_link_gbps", 48.0, "achieved GB/s per xGMI link and direction")
@@ -59,14 +71,17 @@ flags.DEFINE_float("nic_efficiency", 0.9, "achieved fraction of the NIC line rat
 flags.DEFINE_float("alpha_xgmi_us", 5.0, "latency per intra-node collective step, microseconds")
 flags.DEFINE_float("alpha_nic_us", 10.0, "latency per inter-node collective step, microseconds")
 flags.DEFINE_float("hbm_efficiency", 0.8, "achieved fraction of peak HBM bandwidth for memory-bound passes")
-flags.DEFINE_string("sweep", None, "plan several meshes, e.g. data:8,64,128,1024 (one process each, "
-                                   "--cpu_devices = the mesh size); writes sweep.csv and sweep.png into --out")
+flags.DEFINE_string(
+    "sweep",
+    None,
+    "plan several meshes, e.g. data:8,64,128,1024 (one process each, "
+    "--cpu_devices = the mesh size); writes sweep.csv and sweep.png into --out",
+)
 flags.DEFINE_float("usable_memory_fraction", 0.95, "fraction of device memory the step may use")
 flags.DEFINE_bool("fast_compile", True, "skip LLVM optimisation (HLO, buffers and costs are unchanged)")
 flags.DEFINE_bool("compile_scaling", False, "measure compile time / HLO size for --scaling_depths instead")
 flags.DEFINE_list("scaling_depths", ["8", "40", "80"], "depths for --compile_scaling")
-flags.DEFINE_string("out", None, "write the result as JSON here (with --sweep: the output folder, "
-                                  "default plan_sweep)")
+flags.DEFINE_string("out", None, "write the result as JSON here (with --sweep: the output folder, default plan_sweep)")
 cpu_devices.define_flag(8, "emulated CPU devices (wins over XLA_FLAGS' device count)")
 FLAGS = flags.FLAGS
 GB = 1e9
@@ -87,7 +102,8 @@ def format_plan(r: dict) -> str:
         f"dispatch={s['dispatch']} cf={s['capacity_factor']}",
         f"compile: lower {s['lower_s']:.1f} s, compile {s['compile_s']:.1f} s (fast={s['fast_compile']}), "
         f"HLO {s['hlo_instructions']:,} instructions, loop trip counts {s['loop_trip_counts']}",
-        "", "memory per device (compiled.memory_analysis + analytic sharded shapes):",
+        "",
+        "memory per device (compiled.memory_analysis + analytic sharded shapes):",
         f"  parameters          {_fmt_bytes(mem['params'])}   (analytic, sharded shapes)",
         f"  optimizer state     {_fmt_bytes(mem['opt_state'])}   (analytic, sharded shapes)",
         f"  other state         {_fmt_bytes(mem['other_state'])}",
@@ -98,7 +114,8 @@ def format_plan(r: dict) -> str:
         f"{mem['usable'] / GB:.1f} GB of {mem['capacity'] / GB:.0f} GB -> {'FITS' if r['fits'] else 'DOES NOT FIT'}",
         f"  of which fp32 copies of bf16 parameters that only XLA:CPU makes {mem['cpu_fp32_param_copies'] / GB:.2f} GB"
         f" -> on a bf16 accelerator about {mem['peak_without_cpu_copies'] / GB:.2f} GB",
-        "", "FLOPs per step (global = per device × devices; XLA counts one SPMD partition):",
+        "",
+        "FLOPs per step (global = per device × devices; XLA counts one SPMD partition):",
         f"  XLA cost_analysis flops per device   {fl['xla_cost_analysis_per_device']:.4g}  (while bodies counted ONCE)",
         f"  ... with loop trip counts applied    {fl['xla_cost_analysis_loop_corrected_per_device']:.4g}",
         f"  HLO dot FLOPs per device (trip counts) {fl['hlo_dot_per_device']:.4g}  -> global {fl['hlo_dot_total']:.4g}",
@@ -116,12 +133,15 @@ def format_plan(r: dict) -> str:
         f"{a['muon_newton_schulz']:.4g} = {fl['optimizer_over_analytic_ns']:.4f}",
         f"  MODEL FLOPs: XLA forward+backward minus the listed extras {fl['xla_model']:.4g} vs analytic "
         f"{a['model']:.4g} -> ratio {fl['xla_model_over_analytic_model']:.4f}",
-        "", "collectives per step per device (HLO operand bytes × trip counts, a conditional = its costliest branch; "
-                "wire = busbw factors):",
+        "",
+        "collectives per step per device (HLO operand bytes × trip counts, a conditional = its costliest branch; "
+        "wire = busbw factors):",
     ]
     for kind, c in r["collectives"].items():
-        lines.append(f"  {kind:20s} {c['count']:6d} ops  operands {_fmt_bytes(c['operand_bytes'])}  "
-                     f"wire {_fmt_bytes(c['wire_bytes'])}")
+        lines.append(
+            f"  {kind:20s} {c['count']:6d} ops  operands {_fmt_bytes(c['operand_bytes'])}  "
+            f"wire {_fmt_bytes(c['wire_bytes'])}"
+        )
     lines += [
         f"  total operands {_fmt_bytes(r['collective_bytes_per_device'])}, wire "
         f"{_fmt_bytes(r['collective_wire_bytes_per_device'])}",
@@ -129,24 +149,32 @@ def format_plan(r: dict) -> str:
     lines += format_projection(r)
     if "remat_auto" in r:
         ra = r["remat_auto"]
-        tried = ", ".join(f"{t['remat']}: {t['peak'] / GB:.1f} GB {'fits' if t['fits'] else 'no'}"
-                          for t in ra["attempts"])
-        lines += ["", f"remat=auto: {tried} -> "
-                      + (f"needed: remat={ra['chosen']}" if ra["chosen"] else "nothing fits")]
-    verdict = (f"VERDICT: fits {mem['capacity'] / GB:.0f} GB per {r['projection']['hardware']} "
-               f"(peak {mem['peak'] / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
-               if r["fits"] else f"VERDICT: does NOT fit with remat={s['remat']} "
-                                 f"(peak {mem['peak'] / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)")
+        tried = ", ".join(
+            f"{t['remat']}: {t['peak'] / GB:.1f} GB {'fits' if t['fits'] else 'no'}" for t in ra["attempts"]
+        )
+        lines += [
+            "",
+            f"remat=auto: {tried} -> " + (f"needed: remat={ra['chosen']}" if ra["chosen"] else "nothing fits"),
+        ]
+    verdict = (
+        f"VERDICT: fits {mem['capacity'] / GB:.0f} GB per {r['projection']['hardware']} "
+        f"(peak {mem['peak'] / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
+        if r["fits"]
+        else f"VERDICT: does NOT fit with remat={s['remat']} "
+        f"(peak {mem['peak'] / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)"
+    )
     return "\n".join(lines + ["", verdict] + summary_lines(r))
 
 
 def summary_lines(r: dict) -> list[str]:
     """The four closing lines of every plan."""
     su = r["summary"]
-    return [f"executed / analytic hardware FLOPs: {su['executed_over_analytic_hardware_flops']:.2f}",
-            f"optimizer / Newton-Schulz FLOPs: {su['optimizer_over_newton_schulz_flops']:.2f}",
-            f"collective wire / ZeRO-1 minimum: {su['collective_wire_over_zero1_minimum']:.2f}",
-            f"projected MFU: {100 * su['projected_mfu']:.1f}%"]
+    return [
+        f"executed / analytic hardware FLOPs: {su['executed_over_analytic_hardware_flops']:.2f}",
+        f"optimizer / Newton-Schulz FLOPs: {su['optimizer_over_newton_schulz_flops']:.2f}",
+        f"collective wire / ZeRO-1 minimum: {su['collective_wire_over_zero1_minimum']:.2f}",
+        f"projected MFU: {100 * su['projected_mfu']:.1f}%",
+    ]
 
 
 def _ms(seconds: float) -> str:
@@ -157,13 +185,17 @@ def format_projection(r: dict) -> list[str]:
     """Cluster assumptions, the analytic HBM bytes and ZeRO-1 minimum, and the projected step time."""
     p = r["projection"]
     pr, ideal, hb, zm = p["projected"], p["ideal"], p["hbm_bytes"], p["zero1_minimum_wire_bytes"]
-    parts = lambda d: ", ".join(f"{k.replace('_', ' ')} {_fmt_bytes(v).strip()}"  # noqa: E731
-                                for k, v in d.items() if k != "total" and v)
+    parts = lambda d: ", ".join(
+        f"{k.replace('_', ' ')} {_fmt_bytes(v).strip()}"  # noqa: E731
+        for k, v in d.items()
+        if k != "total" and v
+    )
     kinds = ", ".join(f"{k} {_ms(v)}" for k, v in pr["collective_by_kind_s"].items())
     s = r["setup"]
     return [
-        "", f"projection on {p['hardware']} ({p['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak for every executed "
-            f"FLOP, {p['hbm_bandwidth'] / 1e12:.1f} TB/s HBM peak); cluster assumptions:",
+        "",
+        f"projection on {p['hardware']} ({p['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak for every executed "
+        f"FLOP, {p['hbm_bandwidth'] / 1e12:.1f} TB/s HBM peak); cluster assumptions:",
         *(f"  - {line}" for line in p["assumptions"]),
         f"  - grad_reduce_dtype {s.get('grad_reduce_dtype', 'float32')}, compute dtype {s['dtype']}; "
         "memory-bound bytes from the analytic model of zaya_jax/projection.py",
@@ -190,10 +222,16 @@ def _cluster():
     from zaya_jax.cluster import Cluster
 
     try:
-        return Cluster(gpus_per_node=FLAGS.gpus_per_node, xgmi_links=FLAGS.xgmi_links,
-                       xgmi_link_bandwidth=FLAGS.xgmi_link_gbps * 1e9, nic_bandwidth=FLAGS.nic_gbps * 1e9,
-                       nic_efficiency=FLAGS.nic_efficiency, alpha_xgmi=FLAGS.alpha_xgmi_us * 1e-6,
-                       alpha_nic=FLAGS.alpha_nic_us * 1e-6, hbm_efficiency=FLAGS.hbm_efficiency)
+        return Cluster(
+            gpus_per_node=FLAGS.gpus_per_node,
+            xgmi_links=FLAGS.xgmi_links,
+            xgmi_link_bandwidth=FLAGS.xgmi_link_gbps * 1e9,
+            nic_bandwidth=FLAGS.nic_gbps * 1e9,
+            nic_efficiency=FLAGS.nic_efficiency,
+            alpha_xgmi=FLAGS.alpha_xgmi_us * 1e-6,
+            alpha_nic=FLAGS.alpha_nic_us * 1e-6,
+            hbm_efficiency=FLAGS.hbm_efficiency,
+        )
     except ValueError as err:
         cli.fail("plan", str(err))
 
@@ -209,9 +247,16 @@ def main(argv):
     mesh_text = None if FLAGS.sweep else FLAGS.mesh  # a sweep sets the mesh of every point itself
     try:
         cfg, notes = planner.planning_config(
-            config, mesh=planner.parse_mesh(mesh_text) if mesh_text else None, seq_len=FLAGS.seq_len,
-            batch_per_device=FLAGS.batch_per_device, microbatches=FLAGS.microbatches, remat=remat,
-            param_sharding=FLAGS.param_sharding, dispatch=dispatch, capacity_factor=FLAGS.capacity_factor or None)
+            config,
+            mesh=planner.parse_mesh(mesh_text) if mesh_text else None,
+            seq_len=FLAGS.seq_len,
+            batch_per_device=FLAGS.batch_per_device,
+            microbatches=FLAGS.microbatches,
+            remat=remat,
+            param_sharding=FLAGS.param_sharding,
+            dispatch=dispatch,
+            capacity_factor=FLAGS.capacity_factor or None,
+        )
     except ConfigError as err:
         cli.fail("plan", str(err))
     for note in notes:
@@ -221,23 +266,32 @@ def main(argv):
 
         try:
             name = os.path.basename(config_flags.get_config_filename(FLAGS["config"]))
-            run_sweep(FLAGS.sweep, sys.argv[1:], FLAGS.out or "plan_sweep", FLAGS.gpus_per_node,
-                      f"{name}: seq {cfg.train.seq_len}, {cfg.train.microbatches} micro-batch(es), "
-                      f"remat={cfg.model.remat}")
+            run_sweep(
+                FLAGS.sweep,
+                sys.argv[1:],
+                FLAGS.out or "plan_sweep",
+                FLAGS.gpus_per_node,
+                f"{name}: seq {cfg.train.seq_len}, {cfg.train.microbatches} micro-batch(es), remat={cfg.model.remat}",
+            )
         except ValueError as err:
             cli.fail("plan", str(err))
         return
     if FLAGS.compile_scaling:
         cli.compilation_cache("none")  # compile times are what it measures: no persistent cache hits
-        result = planner.compile_scaling(planner.small_width(cfg), tuple(int(d) for d in FLAGS.scaling_depths),
-                                         fast_compile=False)
+        result = planner.compile_scaling(
+            planner.small_width(cfg), tuple(int(d) for d in FLAGS.scaling_depths), fast_compile=False
+        )
         for row in result["rows"]:
             print(json.dumps(row))
         print("ratios last/first depth:", json.dumps({k: round(v, 3) for k, v in result["ratios"].items()}))
     else:
-        kwargs = dict(hardware=FLAGS.hardware, cluster=_cluster(), usable_fraction=FLAGS.usable_memory_fraction,
-                      fast_compile=FLAGS.fast_compile)
-        result = (planner.plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else planner.plan(cfg, **kwargs))
+        kwargs = dict(
+            hardware=FLAGS.hardware,
+            cluster=_cluster(),
+            usable_fraction=FLAGS.usable_memory_fraction,
+            fast_compile=FLAGS.fast_compile,
+        )
+        result = planner.plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else planner.plan(cfg, **kwargs)
         result["notes"] = notes
         print(format_plan(result))
     if FLAGS.out:

@@ -18,12 +18,32 @@ import subprocess
 import sys
 
 SWEEP_FLAGS = ("sweep", "out", "mesh", "cpu_devices")  # set per point; everything else is passed through
-CSV_COLUMNS = ("mesh", "devices", "nodes", "microbatches", "global_batch", "seq_len", "tokens_per_step", "remat",
-               "step_ms", "compute_ms", "memory_ms", "collective_ms", "tokens_per_s_per_device", "projected_mfu",
-               "ideal_step_ms", "ideal_tokens_per_s_per_device", "ideal_mfu", "executed_over_analytic_flops",
-               "optimizer_over_newton_schulz",
-               "wire_over_zero1_minimum", "wire_gb_per_device", "zero1_minimum_gb_per_device", "peak_memory_gb",
-               "fits")
+CSV_COLUMNS = (
+    "mesh",
+    "devices",
+    "nodes",
+    "microbatches",
+    "global_batch",
+    "seq_len",
+    "tokens_per_step",
+    "remat",
+    "step_ms",
+    "compute_ms",
+    "memory_ms",
+    "collective_ms",
+    "tokens_per_s_per_device",
+    "projected_mfu",
+    "ideal_step_ms",
+    "ideal_tokens_per_s_per_device",
+    "ideal_mfu",
+    "executed_over_analytic_flops",
+    "optimizer_over_newton_schulz",
+    "wire_over_zero1_minimum",
+    "wire_gb_per_device",
+    "zero1_minimum_gb_per_device",
+    "peak_memory_gb",
+    "fits",
+)
 
 
 def parse_sweep(text: str) -> list[dict[str, int]]:
@@ -40,8 +60,9 @@ def parse_sweep(text: str) -> list[dict[str, int]]:
             for part in item.split("+"):
                 m = re.fullmatch(r"(\w+):(\d+)", part.strip())
                 if not m:
-                    raise ValueError(f"--sweep point {item!r}: use axis:size[+axis:size], e.g. data:64 or "
-                                     "data:16+context:8")
+                    raise ValueError(
+                        f"--sweep point {item!r}: use axis:size[+axis:size], e.g. data:64 or data:16+context:8"
+                    )
                 point[m.group(1)] = int(m.group(2))
         points.append(point)
     if not points:
@@ -73,8 +94,15 @@ def run_point(point: dict[str, int], argv: list[str], out_dir: str) -> dict:
     label = mesh_text(point).replace(":", "").replace(",", "_")
     json_path, text_path = (os.path.join(out_dir, f"plan_{label}.{ext}") for ext in ("json", "txt"))
     devices = math.prod(point.values())
-    cmd = [sys.executable, "-m", "launch.plan", *passthrough(argv), f"--mesh={mesh_text(point)}",
-           f"--cpu_devices={devices}", f"--out={json_path}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.plan",
+        *passthrough(argv),
+        f"--mesh={mesh_text(point)}",
+        f"--cpu_devices={devices}",
+        f"--out={json_path}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)  # its own --cpu_devices wins over XLA_FLAGS
     with open(text_path, "w", encoding="utf-8") as f:
         f.write(proc.stdout + proc.stderr)
@@ -88,20 +116,32 @@ def run_point(point: dict[str, int], argv: list[str], out_dir: str) -> dict:
 def csv_row(result: dict, gpus_per_node: int) -> dict:
     s, p, su = result["setup"], result["projection"], result["summary"]
     pr, ideal = p["projected"], p["ideal"]
-    return {"mesh": mesh_text({k: v for k, v in s["mesh"].items() if v > 1} or {"data": 1}), "devices": s["devices"],
-            "nodes": -(-s["devices"] // gpus_per_node), "microbatches": s["microbatches"],
-            "global_batch": s["global_batch"], "seq_len": s["seq_len"], "tokens_per_step": s["tokens_per_step"],
-            "remat": s["remat"], "step_ms": 1e3 * pr["step_s"], "compute_ms": 1e3 * pr["compute_s"],
-            "memory_ms": 1e3 * pr["memory_s"], "collective_ms": 1e3 * pr["collective_s"],
-            "tokens_per_s_per_device": pr["tokens_per_s_per_device"], "projected_mfu": pr["mfu"],
-            "ideal_step_ms": 1e3 * ideal["step_s"], "ideal_tokens_per_s_per_device": ideal["tokens_per_s_per_device"],
-            "ideal_mfu": ideal["mfu"],
-            "executed_over_analytic_flops": su["executed_over_analytic_hardware_flops"],
-            "optimizer_over_newton_schulz": su["optimizer_over_newton_schulz_flops"],
-            "wire_over_zero1_minimum": su["collective_wire_over_zero1_minimum"],
-            "wire_gb_per_device": result["collective_wire_bytes_per_device"] / 1e9,
-            "zero1_minimum_gb_per_device": p["zero1_minimum_wire_bytes"]["total"] / 1e9,
-            "peak_memory_gb": result["memory"]["peak"] / 1e9, "fits": result["fits"]}
+    return {
+        "mesh": mesh_text({k: v for k, v in s["mesh"].items() if v > 1} or {"data": 1}),
+        "devices": s["devices"],
+        "nodes": -(-s["devices"] // gpus_per_node),
+        "microbatches": s["microbatches"],
+        "global_batch": s["global_batch"],
+        "seq_len": s["seq_len"],
+        "tokens_per_step": s["tokens_per_step"],
+        "remat": s["remat"],
+        "step_ms": 1e3 * pr["step_s"],
+        "compute_ms": 1e3 * pr["compute_s"],
+        "memory_ms": 1e3 * pr["memory_s"],
+        "collective_ms": 1e3 * pr["collective_s"],
+        "tokens_per_s_per_device": pr["tokens_per_s_per_device"],
+        "projected_mfu": pr["mfu"],
+        "ideal_step_ms": 1e3 * ideal["step_s"],
+        "ideal_tokens_per_s_per_device": ideal["tokens_per_s_per_device"],
+        "ideal_mfu": ideal["mfu"],
+        "executed_over_analytic_flops": su["executed_over_analytic_hardware_flops"],
+        "optimizer_over_newton_schulz": su["optimizer_over_newton_schulz_flops"],
+        "wire_over_zero1_minimum": su["collective_wire_over_zero1_minimum"],
+        "wire_gb_per_device": result["collective_wire_bytes_per_device"] / 1e9,
+        "zero1_minimum_gb_per_device": p["zero1_minimum_wire_bytes"]["total"] / 1e9,
+        "peak_memory_gb": result["memory"]["peak"] / 1e9,
+        "fits": result["fits"],
+    }
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -121,10 +161,16 @@ def write_png(rows: list[dict], path: str, title: str) -> None:
     rows = sorted(rows, key=lambda r: r["devices"])
     gpus = [r["devices"] for r in rows]
     fig, (ax_tok, ax_mfu) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, label, scale in ((ax_tok, "tokens_per_s_per_device", "tokens/s per GPU", 1.0),
-                                  (ax_mfu, "mfu", "MFU (%)", 100.0)):
-        ax.plot(gpus, [scale * r[f"projected_{key}" if key == "mfu" else key] for r in rows], "o-",
-                label="compiled step (projected)")
+    for ax, key, label, scale in (
+        (ax_tok, "tokens_per_s_per_device", "tokens/s per GPU", 1.0),
+        (ax_mfu, "mfu", "MFU (%)", 100.0),
+    ):
+        ax.plot(
+            gpus,
+            [scale * r[f"projected_{key}" if key == "mfu" else key] for r in rows],
+            "o-",
+            label="compiled step (projected)",
+        )
         ax.plot(gpus, [scale * r[f"ideal_{key}"] for r in rows], "s--", label="at the ZeRO-1 minimum")
         ax.set_xscale("log", base=2)
         ax.set_xticks(gpus, [str(g) for g in gpus])
@@ -147,11 +193,13 @@ def run_sweep(text: str, argv: list[str], out_dir: str, gpus_per_node: int, titl
     for point in points:
         row = csv_row(run_point(point, argv, out_dir), gpus_per_node)
         rows.append(row)
-        print(f"{row['mesh']:>24s}: step {row['step_ms']:9.1f} ms, "
-              f"{row['tokens_per_s_per_device']:9,.0f} tokens/s/GPU, projected MFU {row['projected_mfu']:.1%} "
-              f"(at the minimum {row['ideal_mfu']:.1%}), "
-              f"wire/min {row['wire_over_zero1_minimum']:.2f}, optimizer/NS {row['optimizer_over_newton_schulz']:.2f}",
-              flush=True)
+        print(
+            f"{row['mesh']:>24s}: step {row['step_ms']:9.1f} ms, "
+            f"{row['tokens_per_s_per_device']:9,.0f} tokens/s/GPU, projected MFU {row['projected_mfu']:.1%} "
+            f"(at the minimum {row['ideal_mfu']:.1%}), "
+            f"wire/min {row['wire_over_zero1_minimum']:.2f}, optimizer/NS {row['optimizer_over_newton_schulz']:.2f}",
+            flush=True,
+        )
     write_csv(rows, os.path.join(out_dir, "sweep.csv"))
     write_png(rows, os.path.join(out_dir, "sweep.png"), title)
     print(f"wrote {os.path.join(out_dir, 'sweep.csv')} and {os.path.join(out_dir, 'sweep.png')}")

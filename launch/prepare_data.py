@@ -17,8 +17,11 @@ from absl import flags
 from launch import cli
 
 FLAGS = flags.FLAGS
-flags.DEFINE_multi_string("input", None, "input files, directories or globs (repeat or comma-separate); "
-                          "'default' = the Python standard library corpus")
+flags.DEFINE_multi_string(
+    "input",
+    None,
+    "input files, directories or globs (repeat or comma-separate); 'default' = the Python standard library corpus",
+)
 flags.DEFINE_string("output", None, "output directory")
 flags.DEFINE_string("tokenizer", "byte", "'byte' or a path to a Hugging Face tokenizer.json")
 flags.DEFINE_integer("seq_len", 4096, "training sequence length (rows hold seq_len + 1 tokens)", lower_bound=1)
@@ -37,14 +40,23 @@ def main(argv: list[str]) -> None:
     inputs = [part for spec in FLAGS.input for part in spec.split(",") if part]
     if inputs == ["default"]:
         inputs = corpus.stdlib_files(FLAGS.default_corpus_max_bytes)
-    manifest = prepare.prepare(inputs, FLAGS.output, seq_len=FLAGS.seq_len, tokenizer=FLAGS.tokenizer,
-                               shard_size=FLAGS.shard_size, text_key=FLAGS.text_key,
-                               eval_fraction=FLAGS.eval_fraction, vocab_size=FLAGS.vocab_size or None)
+    manifest = prepare.prepare(
+        inputs,
+        FLAGS.output,
+        seq_len=FLAGS.seq_len,
+        tokenizer=FLAGS.tokenizer,
+        shard_size=FLAGS.shard_size,
+        text_key=FLAGS.text_key,
+        eval_fraction=FLAGS.eval_fraction,
+        vocab_size=FLAGS.vocab_size or None,
+    )
     train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
-    print(f"{FLAGS.output}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens, "
-          f"{manifest['num_rows']} rows of {manifest['seq_len']}+1 in {len(manifest['shards'])} shards "
-          f"(train {train[1] - train[0]}, eval {held[1] - held[0]}), vocab {manifest['vocab_size']}, "
-          f"tokenizer {manifest['tokenizer']['name']}")
+    print(
+        f"{FLAGS.output}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens, "
+        f"{manifest['num_rows']} rows of {manifest['seq_len']}+1 in {len(manifest['shards'])} shards "
+        f"(train {train[1] - train[0]}, eval {held[1] - held[0]}), vocab {manifest['vocab_size']}, "
+        f"tokenizer {manifest['tokenizer']['name']}"
+    )
 
 
 if __name__ == "__main__":

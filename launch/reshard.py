@@ -37,17 +37,34 @@ _MESH = flags.DEFINE_string("mesh", None, "Target mesh, e.g. data:4,expert:2 (un
 _SHARDING = flags.DEFINE_enum("param_sharding", None, list(PARAM_SHARDINGS), "Target parameter layout.")
 _DTYPE = flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Cast parameters (and optimizer state) to this.")
 _TO_HF = flags.DEFINE_string("to_hf", None, "Export the model to this Hugging Face directory.")
-_TOKENIZER = flags.DEFINE_string("tokenizer", None, "--to_hf: tokenizer to write next to the model ('byte' or a "
-                                  "tokenizer.json; default: the one the run used)")
+_TOKENIZER = flags.DEFINE_string(
+    "tokenizer",
+    None,
+    "--to_hf: tokenizer to write next to the model ('byte' or a tokenizer.json; default: the one the run used)",
+)
 _HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor names of the export.")
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Import this Hugging Face directory as step 0 into --dst.")
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Training config for --from_hf (default: defaults + "
-                                          "the HF model).", lock_config=True)
-cpu_devices.define_flag(None, "Emulated CPU devices (default: the --mesh product, else 8; wins over XLA_FLAGS' "
-                               "device count when given).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Training config for --from_hf (default: defaults + the HF model).", lock_config=True
+)
+cpu_devices.define_flag(
+    None, "Emulated CPU devices (default: the --mesh product, else 8; wins over XLA_FLAGS' device count when given)."
+)
 
-GEOMETRY = ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim", "num_experts",
-            "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1", "partial_rotary_factor")
+GEOMETRY = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_experts",
+    "moe_intermediate_size",
+    "router_hidden_size",
+    "cca_time0",
+    "cca_time1",
+    "partial_rotary_factor",
+)
 
 
 def parse_mesh(spec: str) -> dict[str, int]:
@@ -63,8 +80,9 @@ def _fresh_dir(path: str, flag: str) -> str:
 
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(path) and (not os.path.isdir(path) or set(os.listdir(path)) - {LOCK_NAME}):
-        raise CheckpointConfigError(f"{flag}={path} exists and is not empty; nothing was written (choose a new "
-                                    "directory)")
+        raise CheckpointConfigError(
+            f"{flag}={path} exists and is not empty; nothing was written (choose a new directory)"
+        )
     return path
 
 
@@ -109,8 +127,9 @@ def _saved_field_bytes(shapes: dict[str, tuple[tuple[int, ...], str]]) -> dict[s
     return out
 
 
-def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, param_sharding: str | None,
-            dtype: str | None) -> dict:
+def reshard(
+    src: str, dst: str, *, step: int | None, mesh_spec: str | None, param_sharding: str | None, dtype: str | None
+) -> dict:
     """Restore `src` onto the target mesh/layout/dtype and save it to `dst` (same step, meta carried over)."""
     from zaya_jax.checkpoint import Checkpointer, load_train_state
     from zaya_jax.checkpoint.manager import tree_nbytes
@@ -140,15 +159,26 @@ def reshard(src: str, dst: str, *, step: int | None, mesh_spec: str | None, para
     config, step, meta, _, state, _ = load_train_state(src, mesh, config=config, step=step, progress=progress)
     bar.close()
     out = Checkpointer(dst, async_save=False)
-    meta = dict(meta, config=json.loads(config.to_json_best_effort()),
-                mesh={k: int(v) for k, v in mesh.shape.items()}, resharded_from=os.path.abspath(src))
+    meta = dict(
+        meta,
+        config=json.loads(config.to_json_best_effort()),
+        mesh={k: int(v) for k, v in mesh.shape.items()},
+        resharded_from=os.path.abspath(src),
+    )
     with _bar(tree_nbytes(state), f"write {dst}") as wbar:
         info = out.save(step, state, meta, wait=True)
         wbar.update(tree_nbytes(state))
     out.close()
     lock.release()
-    return {"dst": dst, "step": step, "mesh": meta["mesh"], "param_sharding": config.train.param_sharding,
-            "param_dtype": config.model.param_dtype, "bytes": info["bytes"], "devices": jax.device_count()}
+    return {
+        "dst": dst,
+        "step": step,
+        "mesh": meta["mesh"],
+        "param_sharding": config.train.param_sharding,
+        "param_dtype": config.model.param_dtype,
+        "bytes": info["bytes"],
+        "devices": jax.device_count(),
+    }
 
 
 def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout: str) -> dict:
@@ -162,14 +192,20 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
         config, model = load_model(src, step=step, dtype=dtype)
         bar.update(1)
         if layout == "hf" and config.model.skip_output != "zero":
-            warnings.warn(f"model.skip_output={config.model.skip_output!r}: transformers' HF-native ZAYA zeroes the "
-                          "skip slot, so its outputs will differ from this model's (use --hf_layout=legacy for "
-                          "ports with the scaled-input skip)", stacklevel=2)
+            warnings.warn(
+                f"model.skip_output={config.model.skip_output!r}: transformers' HF-native ZAYA zeroes the "
+                "skip slot, so its outputs will differ from this model's (use --hf_layout=legacy for "
+                "ports with the scaled-input skip)",
+                stacklevel=2,
+            )
         hf.save_pretrained(model, out, layout=layout)
         spec = _TOKENIZER.value or run_tokenizer(config.data)
         if spec is None:
-            warnings.warn("the run's prepared data used a tokenizer.json this export cannot find: no tokenizer was "
-                          "written (pass --tokenizer=/path/tokenizer.json)", stacklevel=2)
+            warnings.warn(
+                "the run's prepared data used a tokenizer.json this export cannot find: no tokenizer was "
+                "written (pass --tokenizer=/path/tokenizer.json)",
+                stacklevel=2,
+            )
         else:
             save_tokenizer_files(out, spec, config.model)
         normalize_permissions(out)
@@ -190,13 +226,16 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
     if dtype:
         config.model.param_dtype = dtype
     with _bar(3, "import", "stage") as bar:
-        hf_config, model = hf.load_pretrained(os.path.expanduser(path), dtype=config.model.param_dtype,
-                                              skip_output=config.model.skip_output)
+        hf_config, model = hf.load_pretrained(
+            os.path.expanduser(path), dtype=config.model.param_dtype, skip_output=config.model.skip_output
+        )
         if _CONFIG.value is not None:
             for name in GEOMETRY:
                 if hf_config.model[name] != config.model[name]:
-                    raise CheckpointConfigError(f"--from_hf={path}: {name}={hf_config.model[name]} but the --config "
-                                                f"has model.{name}={config.model[name]}; use a matching config")
+                    raise CheckpointConfigError(
+                        f"--from_hf={path}: {name}={hf_config.model[name]} but the --config "
+                        f"has model.{name}={config.model[name]}; use a matching config"
+                    )
         else:
             config.model = hf_config.model
         bar.update(1)
@@ -206,9 +245,14 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
         _, state, _ = create_train_state(config, mesh, make_optimizer(config), model=model)
         bar.update(1)
         out = Checkpointer(dst, async_save=False)
-        meta = {"data": None, "seed": int(config.train.seed), "config": json.loads(config.to_json_best_effort()),
-                "mesh": {k: int(v) for k, v in mesh.shape.items()}, "process_count": 1,
-                "imported_from": os.path.abspath(path)}
+        meta = {
+            "data": None,
+            "seed": int(config.train.seed),
+            "config": json.loads(config.to_json_best_effort()),
+            "mesh": {k: int(v) for k, v in mesh.shape.items()},
+            "process_count": 1,
+            "imported_from": os.path.abspath(path),
+        }
         info = out.save(0, state, meta, wait=True)
         out.close()
         lock.release()
@@ -243,8 +287,9 @@ def main(argv) -> None:
             cli.fail("reshard", "pass either --dst (reshard) or --to_hf (export), not both")
         result = export_hf(src, to_hf, step=_STEP.value, dtype=_DTYPE.value, layout=_HF_LAYOUT.value)
     elif src and dst:
-        result = reshard(src, dst, step=_STEP.value, mesh_spec=_MESH.value, param_sharding=_SHARDING.value,
-                         dtype=_DTYPE.value)
+        result = reshard(
+            src, dst, step=_STEP.value, mesh_spec=_MESH.value, param_sharding=_SHARDING.value, dtype=_DTYPE.value
+        )
     else:
         cli.fail("reshard", "pass --src with --dst (reshard) or --to_hf (export), or --from_hf with --dst")
     print(json.dumps(result))

@@ -44,7 +44,6 @@ from zaya_jax.checkpoint.elastic import AVAILABLE_DEVICES_ENV
 from zaya_jax.checkpoint.events import ATTEMPT_ENV, EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
 from zaya_jax.checkpoint.faults import available_devices_file, read_available_devices
 
-
 _STEP_EVENTS = ("save", "fault", "preempted", "finish")
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("max_restarts", 10, "restarts before giving up", lower_bound=0)
@@ -64,17 +63,40 @@ flags.DEFINE_float("poll", 0.5, "s between checks of the trainer", lower_bound=0
 def settings(command: list[str]) -> types.SimpleNamespace:
     """The supervisor's settings from the parsed flags and the trainer `command` (what followed `--`)."""
     if not command:
-        cli.fail("supervise", "put the trainer command after `--`, e.g. python -m launch.supervise -- "
-                 "python -m launch.train --config=... --workdir=...")
-    args = types.SimpleNamespace(**{name: FLAGS[name].value for name in (
-        "max_restarts", "heartbeat_timeout", "startup_timeout", "backoff", "max_backoff", "workdir", "checkpoint_dir",
-        "event_log", "available_devices_file", "devices", "grace", "poll")}, command=list(command))
+        cli.fail(
+            "supervise",
+            "put the trainer command after `--`, e.g. python -m launch.supervise -- "
+            "python -m launch.train --config=... --workdir=...",
+        )
+    args = types.SimpleNamespace(
+        **{
+            name: FLAGS[name].value
+            for name in (
+                "max_restarts",
+                "heartbeat_timeout",
+                "startup_timeout",
+                "backoff",
+                "max_backoff",
+                "workdir",
+                "checkpoint_dir",
+                "event_log",
+                "available_devices_file",
+                "devices",
+                "grace",
+                "poll",
+            )
+        },
+        command=list(command),
+    )
     args.workdir = args.workdir or _flag_value(args.command, "--workdir")
     if not args.workdir:
         cli.fail("supervise", "pass --workdir (or --workdir=... in the trainer command)")
     args.workdir = os.path.abspath(args.workdir)
-    args.checkpoint_dir = os.path.abspath(args.checkpoint_dir or _flag_value(args.command, "--config.checkpoint.dir")
-                                          or os.path.join(args.workdir, "checkpoints"))
+    args.checkpoint_dir = os.path.abspath(
+        args.checkpoint_dir
+        or _flag_value(args.command, "--config.checkpoint.dir")
+        or os.path.join(args.workdir, "checkpoints")
+    )
     args.event_log = args.event_log or os.path.join(args.workdir, "events.jsonl")
     args.available_devices_file = args.available_devices_file or available_devices_file(args.workdir)
     return args
@@ -148,17 +170,33 @@ class Supervisor:
     def run_attempt(self, attempt: int, devices: int | None) -> dict:
         """Start the trainer once and watch it until it exits or is killed."""
         self.attempt_id, self.trainer_pid = f"{self.run_id}.{attempt}", None
-        env = dict(os.environ, **{HEARTBEAT_ENV: self.heartbeat_file, EVENT_LOG_ENV: self.args.event_log,
-                                  ATTEMPT_ENV: self.attempt_id})
+        env = dict(
+            os.environ,
+            **{HEARTBEAT_ENV: self.heartbeat_file, EVENT_LOG_ENV: self.args.event_log, ATTEMPT_ENV: self.attempt_id},
+        )
         if devices is not None:
             env[AVAILABLE_DEVICES_ENV] = str(devices)
         start = time.time()
         self.proc = subprocess.Popen(self.args.command, env=env, start_new_session=True)
-        self.events.write("child_start", attempt=attempt, attempt_id=self.attempt_id, child_pid=self.proc.pid,
-                          devices=devices, committed=committed_steps(self.args.checkpoint_dir),
-                          command=self.args.command)
-        info = {"attempt": attempt, "pid": self.proc.pid, "start": start, "first_step_time": None,
-                "last_step": None, "last_progress": start, "phase": "start", "reason": None}
+        self.events.write(
+            "child_start",
+            attempt=attempt,
+            attempt_id=self.attempt_id,
+            child_pid=self.proc.pid,
+            devices=devices,
+            committed=committed_steps(self.args.checkpoint_dir),
+            command=self.args.command,
+        )
+        info = {
+            "attempt": attempt,
+            "pid": self.proc.pid,
+            "start": start,
+            "first_step_time": None,
+            "last_step": None,
+            "last_progress": start,
+            "phase": "start",
+            "reason": None,
+        }
         seen = None
         while True:
             rc = self.proc.poll()
@@ -180,8 +218,14 @@ class Supervisor:
                 break
             limit = self.args.heartbeat_timeout if info["phase"] == "train" else self.args.startup_timeout
             if self.stop_signal is None and now - info["last_progress"] > limit:
-                self.events.write("hang_detected", attempt=attempt, child_pid=self.proc.pid, phase=info["phase"],
-                                  last_step=info["last_step"], silent_s=round(now - info["last_progress"], 1))
+                self.events.write(
+                    "hang_detected",
+                    attempt=attempt,
+                    child_pid=self.proc.pid,
+                    phase=info["phase"],
+                    last_step=info["last_step"],
+                    silent_s=round(now - info["last_progress"], 1),
+                )
                 info["reason"] = "hang"
                 rc = self._kill()
                 break
@@ -194,29 +238,48 @@ class Supervisor:
                 info["reason"] = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
         info["committed"] = committed_steps(self.args.checkpoint_dir)
         # steps the trainer logged itself (a fault may end it after a step but before the heartbeat hook ran)
-        reached = [int(r["step"]) for r in read_events(self.args.event_log)
-                   if r.get("source") != "supervisor" and self._ours(r) and r.get("event") in _STEP_EVENTS
-                   and "step" in r]
+        reached = [
+            int(r["step"])
+            for r in read_events(self.args.event_log)
+            if r.get("source") != "supervisor" and self._ours(r) and r.get("event") in _STEP_EVENTS and "step" in r
+        ]
         if reached and (info["last_step"] is None or max(reached) > info["last_step"]):
             info["last_step"] = max(reached)
-        self.events.write("child_exit", attempt=attempt, attempt_id=self.attempt_id, child_pid=self.proc.pid, rc=rc,
-                          reason=info["reason"], last_step=info["last_step"], phase=info["phase"],
-                          committed=info["committed"], seconds=round(info["end"] - start, 1))
+        self.events.write(
+            "child_exit",
+            attempt=attempt,
+            attempt_id=self.attempt_id,
+            child_pid=self.proc.pid,
+            rc=rc,
+            reason=info["reason"],
+            last_step=info["last_step"],
+            phase=info["phase"],
+            committed=info["committed"],
+            seconds=round(info["end"] - start, 1),
+        )
         return info
 
     def _restored_step(self) -> int | None:
         """The step the current attempt's trainer resumed from (None if it did not get that far)."""
         for row in read_events(self.args.event_log):
-            if row.get("source") != "supervisor" and self._ours(row) and row.get("event") in ("restored",
-                                                                                               "fresh_start"):
+            if (
+                row.get("source") != "supervisor"
+                and self._ours(row)
+                and row.get("event") in ("restored", "fresh_start")
+            ):
                 return int(row.get("step", 0))
         return None
 
     def run(self) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self._on_signal)
-        self.events.write("supervisor_start", pid=os.getpid(), command=self.args.command,
-                          max_restarts=self.args.max_restarts, heartbeat_timeout=self.args.heartbeat_timeout)
+        self.events.write(
+            "supervisor_start",
+            pid=os.getpid(),
+            command=self.args.command,
+            max_restarts=self.args.max_restarts,
+            heartbeat_timeout=self.args.heartbeat_timeout,
+        )
         attempt, no_progress, prev, devices_before, ok = 0, 0, None, None, False
         while True:
             devices = self._devices()
@@ -236,8 +299,12 @@ class Supervisor:
                 ok = info["rc"] == 0
                 break
             if info["rc"] == EXIT_BAD_INPUT:  # config / usage / data error: a restart would fail the same way
-                self.events.write("give_up", restarts=self.stats["restarts"], last_reason=info["reason"],
-                                  why="the trainer reported bad input (exit 78); fix it and start again")
+                self.events.write(
+                    "give_up",
+                    restarts=self.stats["restarts"],
+                    last_reason=info["reason"],
+                    why="the trainer reported bad input (exit 78); fix it and start again",
+                )
                 break
             if self.stats["restarts"] >= self.args.max_restarts:
                 self.events.write("give_up", restarts=self.stats["restarts"], last_reason=info["reason"])
@@ -245,18 +312,24 @@ class Supervisor:
             no_progress = 0 if made_progress else no_progress + 1
             reason = info["reason"]
             self.stats["by_reason"][reason] = self.stats["by_reason"].get(reason, 0) + 1
-            delay = 0.0 if reason == "preempted" else min(self.args.backoff * 2 ** no_progress, self.args.max_backoff)
+            delay = 0.0 if reason == "preempted" else min(self.args.backoff * 2**no_progress, self.args.max_backoff)
             self.events.write("restart", attempt=attempt + 1, reason=info["reason"], backoff_s=delay)
             self._sleep(delay)
             if self.stop_signal is not None:
                 break
             self.stats["restarts"] += 1
             attempt, prev = attempt + 1, info
-        summary = {"ok": ok, "final_step": info["last_step"], "committed": info["committed"],
-                   "restarts": self.stats["restarts"], "by_reason": self.stats["by_reason"],
-                   "steps_lost": self.stats["steps_lost"], "downtime_s": round(self.stats["downtime_s"], 1),
-                   "faults": [r["fault"] for r in read_events(self.args.event_log) if r.get("event") == "fault"],
-                   "stopped_by": self.stop_signal}
+        summary = {
+            "ok": ok,
+            "final_step": info["last_step"],
+            "committed": info["committed"],
+            "restarts": self.stats["restarts"],
+            "by_reason": self.stats["by_reason"],
+            "steps_lost": self.stats["steps_lost"],
+            "downtime_s": round(self.stats["downtime_s"], 1),
+            "faults": [r["fault"] for r in read_events(self.args.event_log) if r.get("event") == "fault"],
+            "stopped_by": self.stop_signal,
+        }
         self.events.write("summary", **summary)
         print(json.dumps(summary, indent=2))
         if ok:

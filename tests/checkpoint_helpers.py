@@ -22,7 +22,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 XLA_CACHE = os.environ.get("ZAYA_TEST_XLA_CACHE") or os.path.join(tempfile.gettempdir(), "zaya_jax_test_xla_cache")
 STEPS = 8
 CONFIG = "experiments/zaya1_tiny.py"
-_SCRUB = ("ZAYA_FAULTS", "ZAYA_AVAILABLE_DEVICES", "ZAYA_EVENT_LOG", "ZAYA_HEARTBEAT_FILE", "XLA_FLAGS", "JAX_NUM_CPU_DEVICES")
+_SCRUB = (
+    "ZAYA_FAULTS",
+    "ZAYA_AVAILABLE_DEVICES",
+    "ZAYA_EVENT_LOG",
+    "ZAYA_HEARTBEAT_FILE",
+    "XLA_FLAGS",
+    "JAX_NUM_CPU_DEVICES",
+)
 
 
 def config_overrides(data_dir: str, *, every: int = 2) -> list[str]:
@@ -49,26 +56,40 @@ def env_for(devices: int | None, **extra: str) -> dict[str, str]:
     flags = "--xla_backend_optimization_level=0"
     if devices:
         flags = f"--xla_force_host_platform_device_count={devices} {flags}"
-    env.update(XLA_FLAGS=flags, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=XLA_CACHE,
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-               PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(
+        XLA_FLAGS=flags,
+        JAX_PLATFORMS="cpu",
+        JAX_COMPILATION_CACHE_DIR=XLA_CACHE,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+        PYTHONWARNINGS="ignore",
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     env.update(extra)
     return env
 
 
 def train_cmd(workdir: str, data_dir: str, devices: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "launch.train", f"--workdir={workdir}", f"--cpu_devices={devices}",
-            *config_overrides(data_dir), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "launch.train",
+        f"--workdir={workdir}",
+        f"--cpu_devices={devices}",
+        *config_overrides(data_dir),
+        *extra,
+    ]
 
 
-def run(cmd: list[str], devices: int | None, *, expect_rc: int | None = 0, timeout: float = 900,
-        **env: str) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], devices: int | None, *, expect_rc: int | None = 0, timeout: float = 900, **env: str
+) -> subprocess.CompletedProcess:
     """Run `cmd` in the repo with `devices` emulated CPU devices; assert its exit status unless expect_rc is None."""
-    proc = subprocess.run(cmd, cwd=REPO, env=env_for(devices, **env), capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, env=env_for(devices, **env), capture_output=True, text=True, timeout=timeout)
     if expect_rc is not None and proc.returncode != expect_rc:
-        raise AssertionError(f"{' '.join(cmd[:4])} exited {proc.returncode} (expected {expect_rc}):\n"
-                             f"{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd[:4])} exited {proc.returncode} (expected {expect_rc}):\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -96,8 +117,8 @@ def read_state(ckpt_dir: str, step: int | None = None) -> dict[str, np.ndarray]:
     """Every leaf of a saved TrainState as NumPy, keyed by path (restored onto one device)."""
     import jax
 
-    from zaya_jax.keys import path_name
     from zaya_jax.checkpoint.model_io import load_train_state, open_checkpoint
+    from zaya_jax.keys import path_name
     from zaya_jax.parallel.mesh import make_mesh
 
     ck, step, _, config = open_checkpoint(ckpt_dir, step)
@@ -126,8 +147,9 @@ def random_state(config, mesh, seed: int = 0):
 
     _, abstract, _ = abstract_train_state(config, mesh, make_optimizer(config))
     rng = np.random.default_rng(seed)
-    host = jax.tree.map(lambda a: rng.standard_normal(a.shape).astype(a.dtype) if a.shape
-                        else np.asarray(7, a.dtype), abstract)
+    host = jax.tree.map(
+        lambda a: rng.standard_normal(a.shape).astype(a.dtype) if a.shape else np.asarray(7, a.dtype), abstract
+    )
     return host, jax.tree.map(lambda h, a: jax.device_put(h, a.sharding), host, abstract)
 
 

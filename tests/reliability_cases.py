@@ -20,8 +20,9 @@ from tests.checkpoint_helpers import REPO, config_overrides, env_for
 _LOG_LINE = re.compile(r"^([IWEF]\d{4} \d\d:\d\d:\d\d|WARNING:|INFO:)")
 
 
-def error_problem(proc: subprocess.CompletedProcess, prog: str, rc: int = EXIT_BAD_INPUT,
-                  expect: str = "") -> str | None:
+def error_problem(
+    proc: subprocess.CompletedProcess, prog: str, rc: int = EXIT_BAD_INPUT, expect: str = ""
+) -> str | None:
     """None if `proc` failed with exit status `rc` and exactly one line `PROG: error: ...` (containing `expect`),
     printed last and on a line of its own, and no traceback; else what is wrong."""
     err = proc.stderr
@@ -97,8 +98,9 @@ def _write(ctx: Context, name: str, text: str | bytes) -> str:
     return path
 
 
-def _train(name: str, *extra: str | Callable[[Context], str], ci: bool = False, base: bool = True,
-           workdir: bool = True, **kw) -> BadInput:
+def _train(
+    name: str, *extra: str | Callable[[Context], str], ci: bool = False, base: bool = True, workdir: bool = True, **kw
+) -> BadInput:
     def args(ctx: Context) -> list[str]:
         rest = [e(ctx) if callable(e) else e for e in extra]
         # the tests' small config first (a case that wrongly trains finishes fast), the case's flags last
@@ -106,6 +108,7 @@ def _train(name: str, *extra: str | Callable[[Context], str], ci: bool = False, 
         if workdir and not any(r.startswith("--workdir") for r in rest):
             head.append(f"--workdir={_w(ctx, name)}")
         return head + rest
+
     return BadInput(name, "train", args, ci, **kw)
 
 
@@ -153,8 +156,12 @@ BAD_INPUTS: list[BadInput] = [
     _train("expert_axis_does_not_divide_experts", "--config.mesh.expert=3"),
     _train("mesh_larger_than_devices", "--config.mesh.data=16"),
     _train("two_fill_axes", "--config.mesh.expert=-1"),
-    _train("sequence_does_not_split_over_context", "--config.mesh.context=2", "--config.mesh.data=4",
-           "--config.train.seq_len=33"),
+    _train(
+        "sequence_does_not_split_over_context",
+        "--config.mesh.context=2",
+        "--config.mesh.data=4",
+        "--config.train.seq_len=33",
+    ),
     _train("available_devices_not_a_number", env=(("ZAYA_AVAILABLE_DEVICES", "four"),)),
     # ---- directories, data, checkpoints
     _train("workdir_is_a_file", lambda c: f"--workdir={c.file}", ci=True, expect="is not a directory"),
@@ -162,40 +169,89 @@ BAD_INPUTS: list[BadInput] = [
     _train("data_source_missing", "--config.data.sources=('/nonexistent/prepared',)"),
     _train("checkpoint_of_another_model", "--config.model.hidden_size=32", setup=_copy_ckpt),
     # ---- launch.prepare_data
-    BadInput("output_is_a_file", "prepare_data",
-             lambda c: ["--input=" + _write(c, "ok.txt", "hello world\n"), f"--output={c.file}", "--seq_len=32"],
-             ci=True, expect="is not a directory"),
+    BadInput(
+        "output_is_a_file",
+        "prepare_data",
+        lambda c: ["--input=" + _write(c, "ok.txt", "hello world\n"), f"--output={c.file}", "--seq_len=32"],
+        ci=True,
+        expect="is not a directory",
+    ),
     BadInput("input_missing", "prepare_data", lambda c: ["--input=/nonexistent/*.txt", f"--output={_w(c, 'p1')}"]),
-    BadInput("input_blank", "prepare_data",
-             lambda c: ["--input=" + _write(c, "blank.txt", "   \n"), f"--output={_w(c, 'p2')}", "--seq_len=32"]),
-    BadInput("jsonl_bad_line", "prepare_data",
-             lambda c: ["--input=" + _write(c, "bad.jsonl", '{"text": "a"}\n{oops\n'),
-                        f"--output={_w(c, 'p3')}", "--seq_len=32"]),
-    BadInput("jsonl_missing_field", "prepare_data",
-             lambda c: ["--input=" + _write(c, "nofield.jsonl", '{"body": "a"}\n'), f"--output={_w(c, 'p4')}",
-                        "--seq_len=32"]),
-    BadInput("zero_seq_len", "prepare_data",
-             lambda c: [f"--input={_write(c, 'ok.txt', 'hello world')}", f"--output={_w(c, 'p5')}", "--seq_len=0"]),
-    BadInput("tokenizer_missing", "prepare_data",
-             lambda c: [f"--input={_write(c, 'ok.txt', 'hello')}", f"--output={_w(c, 'p6')}",
-                        "--tokenizer=/nonexistent/tokenizer.json"]),
-    BadInput("output_holds_other_data", "prepare_data",
-             lambda c: [f"--input={_write(c, 'ok.txt', 'hello')}", f"--output={os.path.dirname(c.file)}",
-                        "--seq_len=32"]),
+    BadInput(
+        "input_blank",
+        "prepare_data",
+        lambda c: ["--input=" + _write(c, "blank.txt", "   \n"), f"--output={_w(c, 'p2')}", "--seq_len=32"],
+    ),
+    BadInput(
+        "jsonl_bad_line",
+        "prepare_data",
+        lambda c: [
+            "--input=" + _write(c, "bad.jsonl", '{"text": "a"}\n{oops\n'),
+            f"--output={_w(c, 'p3')}",
+            "--seq_len=32",
+        ],
+    ),
+    BadInput(
+        "jsonl_missing_field",
+        "prepare_data",
+        lambda c: [
+            "--input=" + _write(c, "nofield.jsonl", '{"body": "a"}\n'),
+            f"--output={_w(c, 'p4')}",
+            "--seq_len=32",
+        ],
+    ),
+    BadInput(
+        "zero_seq_len",
+        "prepare_data",
+        lambda c: [f"--input={_write(c, 'ok.txt', 'hello world')}", f"--output={_w(c, 'p5')}", "--seq_len=0"],
+    ),
+    BadInput(
+        "tokenizer_missing",
+        "prepare_data",
+        lambda c: [
+            f"--input={_write(c, 'ok.txt', 'hello')}",
+            f"--output={_w(c, 'p6')}",
+            "--tokenizer=/nonexistent/tokenizer.json",
+        ],
+    ),
+    BadInput(
+        "output_holds_other_data",
+        "prepare_data",
+        lambda c: [f"--input={_write(c, 'ok.txt', 'hello')}", f"--output={os.path.dirname(c.file)}", "--seq_len=32"],
+    ),
     # ---- launch.generate
-    BadInput("negative_max_new_tokens", "generate",
-             lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--max_new_tokens=-3"], ci=True,
-             expect="--max_new_tokens=-3"),
-    BadInput("checkpoint_missing", "generate", lambda c: ["--checkpoint=/nonexistent/ckpt", "--prompt=hi"], ci=True,
-             expect="does not exist"),
-    BadInput("hf_folder_without_config", "generate", lambda c: [f"--hf={c.prepared}", "--prompt=hi"], ci=True,
-             expect="has no config.json"),
-    BadInput("hf_config_not_json", "generate",
-             lambda c: [f"--hf={os.path.dirname(_write(c, 'hf/config.json', '{oops'))}", "--prompt=hi"]),
+    BadInput(
+        "negative_max_new_tokens",
+        "generate",
+        lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--max_new_tokens=-3"],
+        ci=True,
+        expect="--max_new_tokens=-3",
+    ),
+    BadInput(
+        "checkpoint_missing",
+        "generate",
+        lambda c: ["--checkpoint=/nonexistent/ckpt", "--prompt=hi"],
+        ci=True,
+        expect="does not exist",
+    ),
+    BadInput(
+        "hf_folder_without_config",
+        "generate",
+        lambda c: [f"--hf={c.prepared}", "--prompt=hi"],
+        ci=True,
+        expect="has no config.json",
+    ),
+    BadInput(
+        "hf_config_not_json",
+        "generate",
+        lambda c: [f"--hf={os.path.dirname(_write(c, 'hf/config.json', '{oops'))}", "--prompt=hi"],
+    ),
     BadInput("hf_and_checkpoint", "generate", lambda c: [f"--hf={c.root}", f"--checkpoint={c.ckpt}", "--prompt=x"]),
     BadInput("no_model", "generate", lambda c: ["--prompt=hi"]),
     BadInput("top_p_zero", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--top_p=0"]),
-    BadInput("negative_temperature", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt=a", "--temperature=-1"]),
+    BadInput(
+        "negative_temperature", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt=a", "--temperature=-1"]
+    ),
     BadInput("empty_prompt", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt="]),
     BadInput("missing_prompt", "generate", lambda c: [f"--checkpoint={c.ckpt}"]),
     # ---- launch.eval
@@ -203,21 +259,25 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("eval_checkpoint_missing", "eval", lambda c: ["--checkpoint=/nonexistent", f"--data={c.prepared}"]),
     BadInput("data_not_prepared", "eval", lambda c: [f"--checkpoint={c.ckpt}", f"--data={c.root}"]),
     BadInput("mc_file_missing", "eval", lambda c: [f"--checkpoint={c.ckpt}", "--mc=/nonexistent/items.jsonl"]),
-    BadInput("zero_eval_batch", "eval", lambda c: [f"--checkpoint={c.ckpt}", f"--data={c.prepared}",
-                                                   "--batch_size=0"]),
+    BadInput("zero_eval_batch", "eval", lambda c: [f"--checkpoint={c.ckpt}", f"--data={c.prepared}", "--batch_size=0"]),
     # ---- launch.reshard
-    BadInput("reshard_mesh_batch_does_not_split", "reshard",
-             lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r1')}", "--mesh=data:3"], ci=True, devices=None,
-             expect="batch 8 is not divisible by data-parallel size 3"),
-    BadInput("reshard_unknown_axis", "reshard", lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r2')}",
-                                                           "--mesh=bogus:2"]),
+    BadInput(
+        "reshard_mesh_batch_does_not_split",
+        "reshard",
+        lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r1')}", "--mesh=data:3"],
+        ci=True,
+        devices=None,
+        expect="batch 8 is not divisible by data-parallel size 3",
+    ),
+    BadInput(
+        "reshard_unknown_axis", "reshard", lambda c: [f"--src={c.ckpt}", f"--dst={_w(c, 'r2')}", "--mesh=bogus:2"]
+    ),
     BadInput("reshard_dst_not_empty", "reshard", lambda c: [f"--src={c.ckpt}", f"--dst={c.root}"]),
     BadInput("reshard_src_missing", "reshard", lambda c: ["--src=/nonexistent", f"--dst={_w(c, 'r3')}"]),
     BadInput("reshard_from_hf_without_dst", "reshard", lambda c: [f"--from_hf={c.root}"]),
     BadInput("reshard_nothing_to_do", "reshard", lambda c: []),
     # ---- launch.supervise
-    BadInput("supervise_without_command", "supervise", lambda c: ["--max_restarts=1"], ci=True,
-             expect="after `--`"),
+    BadInput("supervise_without_command", "supervise", lambda c: ["--max_restarts=1"], ci=True, expect="after `--`"),
     BadInput("supervise_empty_command", "supervise", lambda c: [f"--workdir={_w(c, 's1')}", "--"]),
     BadInput("supervise_bad_number", "supervise", lambda c: ["--max_restarts=abc", "--", "true"]),
 ]
@@ -229,8 +289,14 @@ def run_bad_input(case: BadInput, ctx: Context, timeout: float = 600) -> subproc
     workdir = next((a.split("=", 1)[1] for a in argv if a.startswith("--workdir=")), _w(ctx, case.name))
     cleanup = case.setup(ctx, workdir) if case.setup else None
     try:
-        return subprocess.run([sys.executable, "-m", f"launch.{case.prog}", *argv], cwd=REPO,
-                              env=env_for(case.devices, **dict(case.env)), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", f"launch.{case.prog}", *argv],
+            cwd=REPO,
+            env=env_for(case.devices, **dict(case.env)),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     finally:
         if cleanup:
             cleanup()
@@ -314,11 +380,15 @@ def damaged_file_sweep(root: str, modes: tuple[str, ...]) -> list[dict]:
                 step = case["restored"] = next(r["step"] for r in rows if r["event"] == "restored")
                 case["console"] = next((m for m in console if "falling back" in m), None)
                 want = hosts[(2, 4).index(step)]
-                if not all(np.array_equal(np.asarray(a), b) for a, b in zip(jax.tree.leaves(restored),
-                                                                           jax.tree.leaves(want))):
+                if not all(
+                    np.array_equal(np.asarray(a), b) for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(want))
+                ):
                     case["problem"] = f"restored step {step} differs from what was saved"
-                elif step == 2 and (case["console"] is None or os.path.exists(os.path.join(workdir, "checkpoints", "4"))
-                                    or not os.path.isdir(os.path.join(workdir, "checkpoints.corrupt"))):
+                elif step == 2 and (
+                    case["console"] is None
+                    or os.path.exists(os.path.join(workdir, "checkpoints", "4"))
+                    or not os.path.isdir(os.path.join(workdir, "checkpoints.corrupt"))
+                ):
                     case["problem"] = "fell back without quarantining step 4 and saying so"
     finally:
         logger.removeHandler(handler)

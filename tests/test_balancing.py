@@ -57,8 +57,16 @@ def test_sign_rule_equals_deepseek_update(skip_controlled, target_skip):
 def test_adaptive_pi_against_reference():
     """The default law (relative error, per-slot adaptive gain, clipped + recentred integral, logit units)."""
     kp, ki, ki_max, up, down, clip, t_skip = 0.004, 0.002, 0.02, 1.5, 0.5, 0.05, 0.117  # t·N never integral
-    cfg = make_cfg(kp=kp, ki=ki, ki_max=ki_max, gain_up=up, gain_down=down, integral_clip=clip,
-                   target_skip=t_skip, skip_controlled=True)
+    cfg = make_cfg(
+        kp=kp,
+        ki=ki,
+        ki_max=ki_max,
+        gain_up=up,
+        gain_down=down,
+        integral_clip=clip,
+        target_skip=t_skip,
+        skip_controlled=True,
+    )
     rng = np.random.default_rng(1)
     counts = random_counts(rng, 40, 2, C)
     counts[:20, 1, 3] += 200  # a persistently overloaded expert: its gain must grow to the cap
@@ -106,9 +114,18 @@ def test_metrics_and_dropped_fraction():
     np.testing.assert_allclose(bal.dropped_fraction(jnp.array([10, 0]), jnp.asarray(counts)), [0.1, 0.0])
 
 
-@pytest.mark.parametrize("field, value", [("gain_units", "logits"), ("error_shape", "cube"),
-                                          ("integral_clip", -1.0), ("target_skip", 1.0), ("ki_max", 1e-3),
-                                          ("gain_down", 0.0), ("kp", -1.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("gain_units", "logits"),
+        ("error_shape", "cube"),
+        ("integral_clip", -1.0),
+        ("target_skip", 1.0),
+        ("ki_max", 1e-3),
+        ("gain_down", 0.0),
+        ("kp", -1.0),
+    ],
+)
 def test_bad_config_is_one_clear_error(field, value):
     with pytest.raises(ConfigError, match=f"balancing.{field}"):
         validate_balancing(make_cfg(**{field: value}))
@@ -155,10 +172,13 @@ def first_below(cv: np.ndarray, level: float) -> list[int]:
     return [int(np.argmax(col < level)) if (col < level).any() else len(col) for col in cv.T]
 
 
-@pytest.mark.parametrize("name, cfg, bound", [
-    ("default", make_cfg(), 100),
-    ("DeepSeek sign rule, γ = 1e-3", bal.sign_rule(make_cfg(), 1e-3), 500),
-])
+@pytest.mark.parametrize(
+    "name, cfg, bound",
+    [
+        ("default", make_cfg(), 100),
+        ("DeepSeek sign rule, γ = 1e-3", bal.sign_rule(make_cfg(), 1e-3), 500),
+    ],
+)
 def test_controller_balances_skewed_router(name, cfg, bound):
     cv, skip, _ = simulate(cfg, bound + 150)
     assert cv[0].min() > 1.0  # strongly unbalanced at the start

@@ -56,10 +56,16 @@ def test_reference_semantics_by_hand():
 
 def test_busbw_factors_hand_computed():
     expected = {
-        ("all_reduce", 2): 1.0, ("all_reduce", 4): 1.5, ("all_reduce", 8): 1.75,
-        ("reduce_scatter", 2): 0.5, ("reduce_scatter", 8): 0.875,
-        ("all_gather", 4): 0.75, ("all_gather", 8): 0.875,
-        ("all_to_all", 8): 0.875, ("broadcast", 8): 1.0, ("ppermute", 8): 1.0,
+        ("all_reduce", 2): 1.0,
+        ("all_reduce", 4): 1.5,
+        ("all_reduce", 8): 1.75,
+        ("reduce_scatter", 2): 0.5,
+        ("reduce_scatter", 8): 0.875,
+        ("all_gather", 4): 0.75,
+        ("all_gather", 8): 0.875,
+        ("all_to_all", 8): 0.875,
+        ("broadcast", 8): 1.0,
+        ("ppermute", 8): 1.0,
     }
     for (name, n), factor in expected.items():
         assert collectives.busbw_factor(name, n) == pytest.approx(factor), (name, n)
@@ -84,8 +90,13 @@ def test_benchmark_rows_positive():
 
 def test_quick_collectives_cli(tmp_path):
     out = tmp_path / "coll"
-    proc = subprocess.run([sys.executable, "-m", "launch.bench", "--suite=collectives", f"--out={out}", "--quick"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.bench", "--suite=collectives", f"--out={out}", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "busbw = algbw x factor" in proc.stdout and "EMULATED" in proc.stdout
     rows = common.read_csv(str(out / "collectives.csv"))
@@ -99,8 +110,17 @@ def test_quick_collectives_cli(tmp_path):
 
 
 def test_gemm_tiny_run(tmp_path):
-    rows = gemm.run(str(tmp_path), dtype=jnp.float32, square=(32, 64), tokens=16, unaligned_bases=(32,),
-                    grouped=(64, 32, 64, 4), max_gflop=0.5, warmup=1, trials=2)
+    rows = gemm.run(
+        str(tmp_path),
+        dtype=jnp.float32,
+        square=(32, 64),
+        tokens=16,
+        unaligned_bases=(32,),
+        grouped=(64, 32, 64, 4),
+        max_gflop=0.5,
+        warmup=1,
+        trials=2,
+    )
     done = [r for r in rows if not r["skipped"]]
     assert {r["sweep"] for r in done} == {"square", "model", "unaligned", "grouped"}
     assert all(r["tflops"] > 0 and r["min_s"] <= r["median_s"] for r in done)
@@ -185,12 +205,24 @@ def test_pool_rounds_pools_step_times_of_separate_runs():
     tokens = 2 * 32
 
     def side(impl, times, losses):
-        return dict(impl=impl, optimizer="adamw", _times=times, _losses=losses, gemm_peak_gflops=100.0,
-                    compile_s=1.0, notes="", dropped_fraction=0.0)
+        return dict(
+            impl=impl,
+            optimizer="adamw",
+            _times=times,
+            _losses=losses,
+            gemm_peak_gflops=100.0,
+            compile_s=1.0,
+            notes="",
+            dropped_fraction=0.0,
+        )
 
-    rounds = [[side("zaya_jax", [1.0, 3.0], [5.0, 4.0])], [side("transformers", [4.0, 4.0], [5.0, 4.5])],
-              [side("zaya_jax", [2.0, 2.5], [5.0, 4.0])], [side("transformers", [5.0, 6.0], [5.0, 4.5])],
-              [dict(impl="maxtext", notes="not run")]]
+    rounds = [
+        [side("zaya_jax", [1.0, 3.0], [5.0, 4.0])],
+        [side("transformers", [4.0, 4.0], [5.0, 4.5])],
+        [side("zaya_jax", [2.0, 2.5], [5.0, 4.0])],
+        [side("transformers", [5.0, 6.0], [5.0, 4.5])],
+        [dict(impl="maxtext", notes="not run")],
+    ]
     rows = {r["impl"]: r for r in train.pool_rounds(config, rounds)}
     assert set(rows) == {"zaya_jax", "transformers"}
     assert rows["zaya_jax"]["step_s_median"] == 2.25 and rows["transformers"]["step_s_median"] == 4.5
@@ -205,8 +237,16 @@ def test_moe_suite_quick(tmp_path):
 
     m = _tiny_config().model
     m.update(QUICK_MODEL)
-    rows = moe.run(str(tmp_path), m, 64, dispatches=("capacity", "grouped", "ep"), warmup=1, trials=1,
-                   ep_devices=2, command="pytest")
+    rows = moe.run(
+        str(tmp_path),
+        m,
+        64,
+        dispatches=("capacity", "grouped", "ep"),
+        warmup=1,
+        trials=1,
+        ep_devices=2,
+        command="pytest",
+    )
     assert [r["dispatch"] for r in rows] == ["capacity", "grouped", "ep"]
     for r in rows:
         assert _finite_positive(r["ratio_vs_dense"])
@@ -221,8 +261,9 @@ def test_moe_suite_quick(tmp_path):
 def test_compile_suite_quick(tmp_path):
     from zaya_jax.bench import compile as compile_bench
 
-    rows = compile_bench.run(str(tmp_path), _tiny_config(), depths=(1, 3), optimizer="adamw", batch=2, seq=16,
-                             command="pytest")
+    rows = compile_bench.run(
+        str(tmp_path), _tiny_config(), depths=(1, 3), optimizer="adamw", batch=2, seq=16, command="pytest"
+    )
     assert [r["layers"] for r in rows] == [1, 3]
     for r in rows:
         assert _finite_positive(r["compile_s"]) and r["hlo_instructions"] > 0
@@ -237,8 +278,9 @@ def test_checkpoint_suite_quick(tmp_path):
     config = _tiny_config()
     config.model.update(QUICK_MODEL)
     config.model.num_layers = 1
-    rows = ckpt.run(str(tmp_path / "out"), config, directory=str(tmp_path), trials=1, optimizer="adamw",
-                    command="pytest")
+    rows = ckpt.run(
+        str(tmp_path / "out"), config, directory=str(tmp_path), trials=1, optimizer="adamw", command="pytest"
+    )
     assert [r["kind"] for r in rows] == ["raw_fsync", "raw_no_fsync", "checkpoint"]
     for r in rows:
         assert _finite_positive(r["MiB_per_s"]) and _finite_positive(r["ratio_vs_raw"])
@@ -276,4 +318,5 @@ def test_maxtext_matched_config_has_maxtext_active_flops():
     ours = train_flops_per_token(matched.model, matched.train.seq_len)
     assert abs(ours / maxtext.flops_per_token() - 1) < 0.1
     assert matched.train.global_batch_size * matched.train.seq_len == (
-        s["per_device_batch_size"] * s["max_target_length"])
+        s["per_device_batch_size"] * s["max_target_length"]
+    )

@@ -19,8 +19,17 @@ from flax import nnx
 
 from launch.cli import EXIT_BAD_INPUT
 from tests.checkpoint_helpers import (  # noqa: F401 - data_dir is a fixture
-    STEPS, config_overrides, data_dir, events, losses, metric_rows, random_state, read_state, run,
-    tiny_mesh_config, train_cmd,
+    STEPS,
+    config_overrides,
+    data_dir,
+    events,
+    losses,
+    metric_rows,
+    random_state,
+    read_state,
+    run,
+    tiny_mesh_config,
+    train_cmd,
 )
 from zaya_jax.checkpoint import Checkpointer, CheckpointError, load_model
 from zaya_jax.checkpoint.errors import CorruptCheckpointError
@@ -39,8 +48,16 @@ def reference(tmp_path_factory, data_dir):
 
 def _tree_stats(path: str) -> list[tuple]:
     """(path, size, mtime) of every file below `path` but the directory lock (taken by every writer)."""
-    return sorted((os.path.relpath(os.path.join(r, f), path), os.path.getsize(os.path.join(r, f)),
-                   os.path.getmtime(os.path.join(r, f))) for r, _, fs in os.walk(path) for f in fs if f != LOCK_NAME)
+    return sorted(
+        (
+            os.path.relpath(os.path.join(r, f), path),
+            os.path.getsize(os.path.join(r, f)),
+            os.path.getmtime(os.path.join(r, f)),
+        )
+        for r, _, fs in os.walk(path)
+        for f in fs
+        if f != LOCK_NAME
+    )
 
 
 @pytest.mark.slow
@@ -68,12 +85,14 @@ def test_resume_on_fewer_devices_matches(reference, data_dir, tmp_path):
     workdir = str(tmp_path / "shrink")
     os.makedirs(os.path.join(workdir, "checkpoints"))
     for step in (2, 4):  # the reference's checkpoints up to the midpoint, as if it had stopped there
-        shutil.copytree(os.path.join(reference, "checkpoints", str(step)),
-                        os.path.join(workdir, "checkpoints", str(step)))
+        shutil.copytree(
+            os.path.join(reference, "checkpoints", str(step)), os.path.join(workdir, "checkpoints", str(step))
+        )
     run(train_cmd(workdir, data_dir, 4), 4, ZAYA_FAULTS="sigterm@6")  # preempted after step 6: saves, exits 0
     run(train_cmd(workdir, data_dir, 2), 2)
-    restored = [(e["step"], e["saved_mesh"]["data"], e["mesh"]["data"]) for e in events(workdir)
-                if e["event"] == "restored"]
+    restored = [
+        (e["step"], e["saved_mesh"]["data"], e["mesh"]["data"]) for e in events(workdir) if e["event"] == "restored"
+    ]
     assert restored == [(4, 8, 4), (6, 4, 2)]
     ref = {r["step"]: r for r in metric_rows(reference)}
     got = {r["step"]: r for r in metric_rows(workdir)}
@@ -100,8 +119,9 @@ def test_restore_2x4_onto_4x2_and_8x1_is_identical(tmp_path):
         _, target, _ = abstract_train_state(config, mesh, make_optimizer(config))
         restored, meta = ck.restore(3, target)
         assert meta["step"] == 3
-        for (path, got), want, tgt in zip(jax.tree_util.tree_flatten_with_path(restored)[0], jax.tree.leaves(host),
-                                          jax.tree.leaves(target)):
+        for (path, got), want, tgt in zip(
+            jax.tree_util.tree_flatten_with_path(restored)[0], jax.tree.leaves(host), jax.tree.leaves(target)
+        ):
             assert got.sharding == tgt.sharding, jax.tree_util.keystr(path)
             np.testing.assert_array_equal(np.asarray(got), want, err_msg=jax.tree_util.keystr(path))
     ck.close()
@@ -118,8 +138,19 @@ def test_reshard_cli_mesh_and_dtype(tmp_path):
     ck.save(5, state, {"data": {"global_index": 40}, "config": config.to_dict()}, wait=True)
     ck.close()
     dst = str(tmp_path / "dst")
-    out = run([sys.executable, "-m", "launch.reshard", f"--src={src}", f"--dst={dst}", "--mesh=data:4,expert:2",
-               "--dtype=bfloat16", "--param_sharding=fsdp"], None)
+    out = run(
+        [
+            sys.executable,
+            "-m",
+            "launch.reshard",
+            f"--src={src}",
+            f"--dst={dst}",
+            "--mesh=data:4,expert:2",
+            "--dtype=bfloat16",
+            "--param_sharding=fsdp",
+        ],
+        None,
+    )
     assert '"mesh": {"data": 4, "context": 1, "expert": 2}' in out.stdout
     got = read_state(dst)
     want = {k: v for k, v in zip(read_state(src).keys(), jax.tree.leaves(host))}
@@ -129,8 +160,9 @@ def test_reshard_cli_mesh_and_dtype(tmp_path):
             np.testing.assert_array_equal(got[name], value.astype(jnp.bfloat16), err_msg=name)
         elif name.startswith(("biases/", "balancing/", "step")):
             np.testing.assert_array_equal(got[name], value, err_msg=name)
-    again = run([sys.executable, "-m", "launch.reshard", f"--src={src}", f"--dst={dst}"], None,
-                expect_rc=EXIT_BAD_INPUT)
+    again = run(
+        [sys.executable, "-m", "launch.reshard", f"--src={src}", f"--dst={dst}"], None, expect_rc=EXIT_BAD_INPUT
+    )
     assert again.stderr.strip().splitlines()[-1].startswith("reshard: error: --dst=")
 
 
@@ -154,10 +186,21 @@ def test_hf_export_matches_transformers_and_import_resumes(reference, data_dir, 
     assert rel <= 1e-4, f"HF export logits differ: relative error {rel:.2e}"
 
     workdir = str(tmp_path / "imported")
-    run([sys.executable, "-m", "launch.reshard", f"--from_hf={hf_dir}", f"--dst={workdir}/checkpoints",
-         *config_overrides(data_dir)], 8)
-    imported, final = read_state(os.path.join(workdir, "checkpoints"), 0), read_state(
-        os.path.join(reference, "checkpoints"), STEPS)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "launch.reshard",
+            f"--from_hf={hf_dir}",
+            f"--dst={workdir}/checkpoints",
+            *config_overrides(data_dir),
+        ],
+        8,
+    )
+    imported, final = (
+        read_state(os.path.join(workdir, "checkpoints"), 0),
+        read_state(os.path.join(reference, "checkpoints"), STEPS),
+    )
     for name in final:
         if name.startswith(("params/", "biases/")):
             np.testing.assert_array_equal(imported[name], final[name], err_msg=name)
@@ -243,8 +286,7 @@ def test_train_cli_reports_shape_mismatch(reference, data_dir, tmp_path):
     workdir = str(tmp_path / "mismatch")
     shutil.copytree(os.path.join(reference, "checkpoints"), os.path.join(workdir, "checkpoints"))
     before = _tree_stats(os.path.join(workdir, "checkpoints"))
-    proc = run(train_cmd(workdir, data_dir, 8, "--config.model.moe_intermediate_size=32"), 8,
-               expect_rc=EXIT_BAD_INPUT)
+    proc = run(train_cmd(workdir, data_dir, 8, "--config.model.moe_intermediate_size=32"), 8, expect_rc=EXIT_BAD_INPUT)
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("train: error: checkpoint step 8 in ") and "has shape" in last, last
     assert _tree_stats(os.path.join(workdir, "checkpoints")) == before

@@ -21,8 +21,15 @@ def cluster():
 def test_defaults_are_the_paper_cluster(cluster):
     assert (cluster.gpus_per_node, cluster.xgmi_links, cluster.link, cluster.nic) == (8, 7, LINK, NIC)
     text = "\n".join(cluster.describe())
-    for needle in ("GPUs per node 8", "7 links x 48 GB/s", "50 GB/s x efficiency 0.9", "alpha xGMI 5 us",
-                   "alpha network 10 us", "rails-only", "i // gpus_per_node"):
+    for needle in (
+        "GPUs per node 8",
+        "7 links x 48 GB/s",
+        "50 GB/s x efficiency 0.9",
+        "alpha xGMI 5 us",
+        "alpha network 10 us",
+        "rails-only",
+        "i // gpus_per_node",
+    ):
         assert needle in text
     with pytest.raises(ValueError, match="fully connected"):
         Cluster(gpus_per_node=8, xgmi_links=4)
@@ -89,16 +96,20 @@ def test_hlo_ops_are_priced_by_kind(cluster):
 
 
 def test_parse_replica_groups():
-    assert parse_groups("all-reduce", "channel_id=1, replica_groups={{0,1},{2,3}}, to_apply=%add", 4) == \
-        ((0, 1), (2, 3))
+    assert parse_groups("all-reduce", "channel_id=1, replica_groups={{0,1},{2,3}}, to_apply=%add", 4) == (
+        (0, 1),
+        (2, 3),
+    )
     assert parse_groups("all-reduce", "replica_groups={}, to_apply=%add", 4) == ((0, 1, 2, 3),)
-    assert parse_groups("all-gather", "replica_groups=[2,4]<=[8], dimensions={0}", 8) == \
-        ((0, 1, 2, 3), (4, 5, 6, 7))
-    assert parse_groups("all-gather", "replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}", 8) == \
-        ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert parse_groups("all-gather", "replica_groups=[2,4]<=[8], dimensions={0}", 8) == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert parse_groups("all-gather", "replica_groups=[2,4]<=[4,2]T(1,0), dimensions={0}", 8) == (
+        (0, 2, 4, 6),
+        (1, 3, 5, 7),
+    )
     mesh = "replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}, use_global_device_ids=true"
     assert parse_groups("all-reduce", mesh, 8) == ((0, 4), (1, 5), (2, 6), (3, 7))
-    permuted = ("replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_1'}, "
-                "use_global_device_ids=true")
+    permuted = (
+        "replica_groups=mesh['axis_0'=2,'axis_1'=4], device_ids=([4,2]T(1,0)) {'axis_1'}, use_global_device_ids=true"
+    )
     assert parse_groups("all-reduce", permuted, 8) == ((0, 2, 4, 6), (1, 3, 5, 7))
     assert parse_groups("collective-permute", "source_target_pairs={{0,1},{1,2}}", 4) == ((0, 1), (1, 2))

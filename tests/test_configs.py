@@ -98,9 +98,16 @@ def test_data_root_comes_from_the_environment(monkeypatch):
 # ----------------------------------------------------------------------------- experiments/zaya1.py variants
 
 ZAYA1 = os.path.join(REPO, "experiments", "zaya1.py")
-WRAPPERS = {"tiny": "zaya1_tiny.py", "demo": "zaya1_demo.py", "100m": "zaya1_100m.py", "h1024": "zaya1_h1024.py",
-            "base": "zaya1_base.py", "phase1": "zaya1_base.py:phase1", "phase2": "zaya1_base.py:phase2",
-            "phase3": "zaya1_base.py:phase3"}
+WRAPPERS = {
+    "tiny": "zaya1_tiny.py",
+    "demo": "zaya1_demo.py",
+    "100m": "zaya1_100m.py",
+    "h1024": "zaya1_h1024.py",
+    "base": "zaya1_base.py",
+    "phase1": "zaya1_base.py:phase1",
+    "phase2": "zaya1_base.py:phase2",
+    "phase3": "zaya1_base.py:phase3",
+}
 
 
 @pytest.mark.parametrize("variant", WRAPPERS)
@@ -136,24 +143,29 @@ def test_config_package_imports_nothing_else_of_zaya_jax():
     import subprocess
     import sys
 
-    code = ("import sys, zaya_jax.config as c; c.validate(c.default_config()); "
-            "print(sorted(m for m in sys.modules if m.startswith('zaya_jax') and not m.startswith('zaya_jax.config')"
-            " and m != 'zaya_jax'), 'jax' in sys.modules)")
+    code = (
+        "import sys, zaya_jax.config as c; c.validate(c.default_config()); "
+        "print(sorted(m for m in sys.modules if m.startswith('zaya_jax') and not m.startswith('zaya_jax.config')"
+        " and m != 'zaya_jax'), 'jax' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "False"]
 
 
-@pytest.mark.parametrize("section, field, value, match", [
-    ("checkpoint", "keep", 0, "checkpoint.keep=0 must be >= 1"),
-    ("balancing", "error_shape", "cube", "balancing.error_shape='cube'; choose one of"),
-    ("optimizer", "wsd_decay_shape", "cubic", "optimizer.wsd_decay_shape='cubic'"),
-    ("optimizer", "warmup_steps", 5000, r"optimizer.warmup_steps=5000 must be in \[0, train.steps=1000\]"),
-    ("train", "grad_reduce_dtype", "float16", "train.grad_reduce_dtype='float16'"),
-    ("train", "peak_tflops", -1.0, "train.peak_tflops"),
-    ("data", "eval_fraction", 1.0, "data.eval_fraction"),
-    ("mesh", "context_layout", "striped", "mesh.context_layout='striped'"),
-    ("model", "remat", "some", "model.remat='some'"),
-])
+@pytest.mark.parametrize(
+    "section, field, value, match",
+    [
+        ("checkpoint", "keep", 0, "checkpoint.keep=0 must be >= 1"),
+        ("balancing", "error_shape", "cube", "balancing.error_shape='cube'; choose one of"),
+        ("optimizer", "wsd_decay_shape", "cubic", "optimizer.wsd_decay_shape='cubic'"),
+        ("optimizer", "warmup_steps", 5000, r"optimizer.warmup_steps=5000 must be in \[0, train.steps=1000\]"),
+        ("train", "grad_reduce_dtype", "float16", "train.grad_reduce_dtype='float16'"),
+        ("train", "peak_tflops", -1.0, "train.peak_tflops"),
+        ("data", "eval_fraction", 1.0, "data.eval_fraction"),
+        ("mesh", "context_layout", "striped", "mesh.context_layout='striped'"),
+        ("model", "remat", "some", "model.remat='some'"),
+    ],
+)
 def test_one_validate_checks_every_section_and_changes_nothing(section, field, value, match):
     from zaya_jax.config import validate
 

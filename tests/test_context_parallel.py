@@ -15,8 +15,8 @@ from jax.sharding import AxisType, NamedSharding
 
 from tests.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax.config import CONTEXT_LAYOUTS, ConfigError, validate
-from zaya_jax.model.cca import CCA
 from zaya_jax.model import cca_context as context
+from zaya_jax.model.cca import CCA
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, make_mesh
 from zaya_jax.train.optimizer import make_optimizer
@@ -118,10 +118,16 @@ def reference():
     return _loss_and_grads(_config(1, 1, 1, "dense"), jax.devices()[:1])
 
 
-@pytest.mark.parametrize("data,ctx,expert,layout", [
-    (4, 2, 1, "contiguous"), (2, 4, 1, "contiguous"), (1, 8, 1, "contiguous"), (1, 2, 4, "contiguous"),
-    (1, 8, 1, "zigzag"),
-])
+@pytest.mark.parametrize(
+    "data,ctx,expert,layout",
+    [
+        (4, 2, 1, "contiguous"),
+        (2, 4, 1, "contiguous"),
+        (1, 8, 1, "contiguous"),
+        (1, 2, 4, "contiguous"),
+        (1, 8, 1, "zigzag"),
+    ],
+)
 def test_loss_and_grads_match_single_device(reference, data, ctx, expert, layout):
     ref_loss, ref_grads, ref_counts, _ = reference
     loss, grads, counts, dropped = _loss_and_grads(_config(data, ctx, expert, layout=layout), jax.devices())
@@ -152,8 +158,10 @@ def test_hlo_permutes_halos_and_gathers_only_compressed_kv(layout):
     mesh = make_mesh(config)
     graphdef, state, _ = abstract_train_state(config, mesh, make_optimizer(config))
     batch_sh = NamedSharding(mesh, sharding.batch_spec(2))
-    batch = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh)
-             for k, v in random_batch(BATCH, SEQ, m.vocab_size).items()}
+    batch = {
+        k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=batch_sh)
+        for k, v in random_batch(BATCH, SEQ, m.vocab_size).items()
+    }
     fn = jax.jit(lambda p, b, batch: loss_and_grads(graphdef, p, b, batch, config)[:2])
     with jax.set_mesh(mesh):
         hlo = fn.lower(state.params, state.biases, batch).compile().as_text()

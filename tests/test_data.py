@@ -76,8 +76,10 @@ def test_packing_matches_independent_reference(tmp_path):
     _write(src / "a.txt", "ab")
     _jsonl(src / "b.jsonl", ["cde", "  ", "fghij"])  # the blank record is skipped
     _write(src / "c.md", "k")
-    m, toks, segs = (prep.prepare([str(src)], str(tmp_path / "out"), seq_len=3, shard_size=2, progress=False),
-                     *_all_rows(tmp_path / "out")[1:])
+    m, toks, segs = (
+        prep.prepare([str(src)], str(tmp_path / "out"), seq_len=3, shard_size=2, progress=False),
+        *_all_rows(tmp_path / "out")[1:],
+    )
     # Independent packing: concatenate (bytes + 3, eos) per document, cut rows of 4, pad the tail.
     docs = ["ab", "cde", "fghij", "k"]
     stream, owner = [], []
@@ -89,7 +91,7 @@ def test_packing_matches_independent_reference(tmp_path):
     owner += [None] * (n_rows * 4 - len(owner))
     assert toks.tolist() == np.array(stream).reshape(n_rows, 4).tolist()
     for r in range(n_rows):
-        row_owner = owner[4 * r:4 * r + 4]
+        row_owner = owner[4 * r : 4 * r + 4]
         rank = {d: i + 1 for i, d in enumerate(dict.fromkeys(o for o in row_owner if o is not None))}
         assert segs[r].tolist() == [rank.get(o, 0) for o in row_owner]
     assert (m["num_documents"], m["num_tokens"], m["num_rows"]) == (4, 15, 4)
@@ -98,7 +100,7 @@ def test_packing_matches_independent_reference(tmp_path):
     batch = pipeline.rows_to_batch([dict(tokens=t, segment_ids=s) for t, s in zip(toks, segs)])
     assert np.array_equal(batch["labels"], toks[:, 1:]) and np.array_equal(batch["input_ids"], toks[:, :-1])
     for r in range(n_rows):
-        o = owner[4 * r:4 * r + 4]
+        o = owner[4 * r : 4 * r + 4]
         want = [1.0 if o[j + 1] is not None and o[j + 1] == o[j] else 0.0 for j in range(3)]
         assert batch["loss_mask"][r].tolist() == want
     assert batch["loss_mask"][0].tolist() == [1, 1, 0]  # 'a'->'b', 'b'->eos, eos->'c' crosses documents
@@ -106,8 +108,9 @@ def test_packing_matches_independent_reference(tmp_path):
 
 def test_exact_shard_boundary(tmp_path):
     _write(tmp_path / "in" / "a.txt", "abc")  # 3 bytes + eos = exactly one row of 4 = one shard
-    m = prep.prepare([str(tmp_path / "in")], str(tmp_path / "out"), seq_len=3, shard_size=1,
-                     eval_fraction=0.0, progress=False)
+    m = prep.prepare(
+        [str(tmp_path / "in")], str(tmp_path / "out"), seq_len=3, shard_size=1, eval_fraction=0.0, progress=False
+    )
     assert (m["num_rows"], m["num_padding"], m["splits"]["eval"]) == (1, 0, [1, 1])
 
 
@@ -120,8 +123,11 @@ class _CountingByte(ByteTokenizer):
 
 
 def _snapshot(out):
-    return {os.path.basename(p): (open(p, "rb").read(), os.stat(p).st_mtime_ns)
-            for p in sorted(glob.glob(os.path.join(out, "*"))) if not p.endswith(".lock")}
+    return {
+        os.path.basename(p): (open(p, "rb").read(), os.stat(p).st_mtime_ns)
+        for p in sorted(glob.glob(os.path.join(out, "*")))
+        if not p.endswith(".lock")
+    }
 
 
 def test_prepare_is_resumable(tmp_path):
@@ -164,8 +170,9 @@ def test_bad_inputs_raise_data_error(tmp_path, monkeypatch):
     tok_path = _hf_tokenizer_file(tmp_path / "tok.json")
     _write(tmp_path / "words" / "a.txt", "hello world")
     with pytest.raises(DataError, match="token id 4 .* vocab_size=4"):
-        prep.prepare([str(tmp_path / "words")], str(tmp_path / "o5"), seq_len=8, tokenizer=tok_path,
-                     vocab_size=4, progress=False)
+        prep.prepare(
+            [str(tmp_path / "words")], str(tmp_path / "o5"), seq_len=8, tokenizer=tok_path, vocab_size=4, progress=False
+        )
     # An output dir with another configuration, or foreign files, is never overwritten.
     prep.prepare([str(tmp_path / "words")], str(tmp_path / "o6"), seq_len=8, progress=False)
     with pytest.raises(DataError, match=r"different preparation .*seq_len"):
@@ -187,8 +194,10 @@ def test_parquet_input(tmp_path):
 
     os.makedirs(tmp_path / "pq")
     pq.write_table(pa.table({"body": ["ab", "c"]}), str(tmp_path / "pq" / "a.parquet"))
-    m, toks, _ = (prep.prepare([str(tmp_path / "pq")], str(tmp_path / "out"), seq_len=6, text_key="body",
-                               progress=False), *_all_rows(tmp_path / "out")[1:])
+    m, toks, _ = (
+        prep.prepare([str(tmp_path / "pq")], str(tmp_path / "out"), seq_len=6, text_key="body", progress=False),
+        *_all_rows(tmp_path / "out")[1:],
+    )
     assert m["num_documents"] == 2 and toks[0].tolist() == [100, 101, 1, 102, 1, 0, 0]
 
 
@@ -210,8 +219,7 @@ def _rows(batch):
 
 
 def test_restart_from_state_matches_uninterrupted(two_sources):
-    it = pipeline.make_train_iterator(two_sources, (0.5, 0.5), seed=3, process_index=0, process_count=1,
-                                      prefetch=True)
+    it = pipeline.make_train_iterator(two_sources, (0.5, 0.5), seed=3, process_index=0, process_count=1, prefetch=True)
     first = [it.next_batch(4) for _ in range(3)]
     state = json.loads(json.dumps(it.get_state()))
     rest = [it.next_batch(4) for _ in range(4)]
@@ -222,8 +230,11 @@ def test_restart_from_state_matches_uninterrupted(two_sources):
         got = fresh.next_batch(4)
         assert all(np.array_equal(got[k], want[k]) for k in want)
     assert {k: (v.shape, v.dtype.name) for k, v in first[0].items()} == {
-        "input_ids": ((4, 16), "int32"), "labels": ((4, 16), "int32"),
-        "loss_mask": ((4, 16), "float32"), "segment_ids": ((4, 16), "int32")}
+        "input_ids": ((4, 16), "int32"),
+        "labels": ((4, 16), "int32"),
+        "loss_mask": ((4, 16), "float32"),
+        "segment_ids": ((4, 16), "int32"),
+    }
     other = pipeline.make_train_iterator(two_sources, (0.5, 0.5), seed=4, process_index=0, process_count=1)
     with pytest.raises(DataError, match="different sources, weights or seed"):
         other.set_state(state)
@@ -308,9 +319,11 @@ def test_config_section_and_make_iterators(tmp_path):
     assert dirs[0].startswith(str(tmp_path / "cache")) and evals is not None
     assert train.next_batch(2)["input_ids"].shape == (2, 32)
     train.close()
-    for field, value, match in (("weights", (1.0, 2.0), "one weight per source"),
-                                ("weights", (-1.0,), "non-negative"),
-                                ("eval_fraction", 1.5, "eval_fraction")):
+    for field, value, match in (
+        ("weights", (1.0, 2.0), "one weight per source"),
+        ("weights", (-1.0,), "non-negative"),
+        ("eval_fraction", 1.5, "eval_fraction"),
+    ):
         bad = default_config()
         bad.data[field] = value
         with pytest.raises(ConfigError, match=match):

@@ -20,7 +20,7 @@ def _eval(checkpoint: str, data: str) -> dict:
     cmd = [sys.executable, "-m", "launch.eval", f"--checkpoint={checkpoint}", f"--data={data}", "--batch_size=8"]
     proc = subprocess.run(cmd, cwd=REPO, env=env_for(1), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout[proc.stdout.index("{"):])["data"]
+    return json.loads(proc.stdout[proc.stdout.index("{") :])["data"]
 
 
 @pytest.mark.slow
@@ -31,9 +31,20 @@ def test_trained_checkpoint_has_lower_bits_per_byte_than_step0(tmp_path):
     data = corpus.default_corpus_dir(cache, 32, "byte", 200_000)
     corpus.prepare_default_corpus(data, 32, "byte", 200_000, eval_fraction=0.05, progress=False)
     workdir = str(tmp_path / "run")
-    run(train_cmd(workdir, cache, 8, f"--config.train.steps={STEPS}", "--config.data.eval_fraction=0.05",
-                  "--config.checkpoint.save_initial=True", f"--config.checkpoint.every={STEPS}",
-                  "--config.optimizer.learning_rate=0.02", "--config.optimizer.adam_learning_rate=0.01"), 8)
+    run(
+        train_cmd(
+            workdir,
+            cache,
+            8,
+            f"--config.train.steps={STEPS}",
+            "--config.data.eval_fraction=0.05",
+            "--config.checkpoint.save_initial=True",
+            f"--config.checkpoint.every={STEPS}",
+            "--config.optimizer.learning_rate=0.02",
+            "--config.optimizer.adam_learning_rate=0.01",
+        ),
+        8,
+    )
     ckpts = os.path.join(workdir, "checkpoints")
     assert sorted(int(s) for s in os.listdir(ckpts) if s.isdigit()) == [0, STEPS]
     before, after = _eval(os.path.join(ckpts, "0"), data), _eval(os.path.join(ckpts, str(STEPS)), data)

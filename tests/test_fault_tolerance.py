@@ -24,8 +24,9 @@ from zaya_jax.checkpoint import CheckpointError, EventLog, FaultInjector, LossGu
 FAULTS = "crash@2,nan@3,sigkill_during_save@4,hang@5,sigterm@6,device_loss@7:3,corrupt_checkpoint@8"
 
 
-def supervise(workdir: str, command: list[str], *extra: str, devices: int | None = None, timeout: float = 900,
-              **env: str) -> subprocess.CompletedProcess:
+def supervise(
+    workdir: str, command: list[str], *extra: str, devices: int | None = None, timeout: float = 900, **env: str
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "launch.supervise", f"--workdir={workdir}", *extra, "--", *command]
     return subprocess.run(cmd, cwd=REPO, env=env_for(devices, **env), capture_output=True, text=True, timeout=timeout)
 
@@ -33,8 +34,16 @@ def supervise(workdir: str, command: list[str], *extra: str, devices: int | None
 @pytest.mark.slow
 def test_supervised_run_survives_injected_faults(data_dir, tmp_path):
     workdir = str(tmp_path / "faulty")
-    proc = supervise(workdir, train_cmd(workdir, data_dir, 4), "--heartbeat_timeout=15", "--startup_timeout=600",
-                     "--backoff=0.1", "--max_backoff=1", "--max_restarts=10", ZAYA_FAULTS=FAULTS)
+    proc = supervise(
+        workdir,
+        train_cmd(workdir, data_dir, 4),
+        "--heartbeat_timeout=15",
+        "--startup_timeout=600",
+        "--backoff=0.1",
+        "--max_backoff=1",
+        "--max_restarts=10",
+        ZAYA_FAULTS=FAULTS,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = events(workdir)
     summary = rows[-1]  # stdout also carries the trainers' own summaries
@@ -76,7 +85,8 @@ def test_supervised_run_survives_injected_faults(data_dir, tmp_path):
 def _fake_trainer(tmp_path, body: str) -> list[str]:
     """A stand-in trainer (no jax) that writes the heartbeat file the way the real one does."""
     script = tmp_path / "fake_trainer.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import json, os, signal, sys, time
         hb, marker = os.environ["ZAYA_HEARTBEAT_FILE"], sys.argv[1]
         def beat(step, phase):
@@ -85,17 +95,22 @@ def _fake_trainer(tmp_path, body: str) -> list[str]:
             os.replace(hb + ".tmp", hb)
         attempt = len(open(marker).read()) if os.path.exists(marker) else 0
         open(marker, "a").write("x")
-    """) + textwrap.dedent(body))
+    """)
+        + textwrap.dedent(body)
+    )
     return [sys.executable, str(script), str(tmp_path / "attempts")]
 
 
 def test_supervisor_kills_a_hung_trainer_and_restarts(tmp_path):
-    cmd = _fake_trainer(tmp_path, """
+    cmd = _fake_trainer(
+        tmp_path,
+        """
         beat(1, "train")
         if attempt == 0:
             time.sleep(600)  # hang: no further heartbeat
         beat(2, "done")
-    """)
+    """,
+    )
     proc = supervise(str(tmp_path / "w"), cmd, "--heartbeat_timeout=1", "--backoff=0.01", "--poll=0.1")
     assert proc.returncode == 0, proc.stderr
     rows = events(str(tmp_path / "w"))
@@ -114,14 +129,22 @@ def test_supervisor_backs_off_and_gives_up(tmp_path):
 
 
 def test_supervisor_forwards_sigterm(tmp_path):
-    cmd = _fake_trainer(tmp_path, """
+    cmd = _fake_trainer(
+        tmp_path,
+        """
         signal.signal(signal.SIGTERM, lambda *a: (beat(1, "preempted"), sys.exit(0)))
         beat(1, "train")
         time.sleep(600)
-    """)
+    """,
+    )
     workdir = str(tmp_path / "w")
-    sup = subprocess.Popen([sys.executable, "-m", "launch.supervise", f"--workdir={workdir}", "--poll=0.05", "--",
-                            *cmd], cwd=REPO, env=env_for(None), stdout=subprocess.PIPE, text=True)
+    sup = subprocess.Popen(
+        [sys.executable, "-m", "launch.supervise", f"--workdir={workdir}", "--poll=0.05", "--", *cmd],
+        cwd=REPO,
+        env=env_for(None),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     hb = os.path.join(workdir, "heartbeat.json")
     deadline = time.time() + 120
     while not os.path.exists(hb) and time.time() < deadline:
@@ -129,7 +152,7 @@ def test_supervisor_forwards_sigterm(tmp_path):
     sup.send_signal(signal.SIGTERM)
     out, _ = sup.communicate(timeout=120)
     assert sup.returncode == 0
-    summary = json.loads(out[out.index("{"):])
+    summary = json.loads(out[out.index("{") :])
     assert summary["stopped_by"] == "SIGTERM" and summary["restarts"] == 0
 
 

@@ -54,17 +54,33 @@ def test_exported_folder_generates_like_launch_generate(tmp_path):
     src, hf_dir = str(tmp_path / "ckpt"), str(tmp_path / "hf")
     _random_checkpoint(src)
     env = dict(os.environ, PYTHONPATH=REPO)
-    subprocess.run([sys.executable, "-m", "launch.reshard", f"--src={src}", f"--to_hf={hf_dir}"], cwd=REPO, env=env,
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "launch.reshard", f"--src={src}", f"--to_hf={hf_dir}"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     files = set(os.listdir(hf_dir))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json"} <= files, files
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= files, files
     for name in files:  # readable by group and others, as files written with the usual umask
         assert stat.S_IMODE(os.stat(os.path.join(hf_dir, name)).st_mode) & 0o044 == 0o044, name
 
-    ours = subprocess.run([sys.executable, "-m", "launch.generate", f"--hf={hf_dir}", f"--prompt={PROMPT}",
-                           f"--max_new_tokens={NEW}"], cwd=REPO, env=env, check=True, capture_output=True,
-                          text=True).stdout
+    ours = subprocess.run(
+        [sys.executable, "-m", "launch.generate", f"--hf={hf_dir}", f"--prompt={PROMPT}", f"--max_new_tokens={NEW}"],
+        cwd=REPO,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     ours_text = ours.split("\n", 1)[1].rstrip("\n")  # after the "=== 'prompt'" header line
 
     tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
@@ -73,7 +89,7 @@ def test_exported_folder_generates_like_launch_generate(tmp_path):
     assert inputs["input_ids"][0].tolist() == ByteTokenizer().encode(PROMPT)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=NEW)  # greedy and eos from generation_config.json
-    new_ids = out[0, inputs["input_ids"].shape[1]:].tolist()
+    new_ids = out[0, inputs["input_ids"].shape[1] :].tolist()
     assert len(set(new_ids)) > 3, "a degenerate continuation makes a weak test"
     assert PROMPT + ByteTokenizer().decode(new_ids) == ours_text
     assert tok.decode(out[0], skip_special_tokens=True) == ours_text

@@ -35,19 +35,54 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 # name -> (ZayaConfig kwargs, sequence lengths checked; the last one also for gradients)
 CONFIGS = {
-    "tiny_spec14": (dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, moe_intermediate_size=32, num_experts=4,
-                         router_hidden_size=16, max_position_embeddings=128), (33,)),
-    "odd_h48_gqa3": (dict(vocab_size=96, hidden_size=48, num_hidden_layers=3, num_attention_heads=3,
-                          num_key_value_heads=1, head_dim=8, moe_intermediate_size=24, num_experts=2,
-                          router_hidden_size=8, max_position_embeddings=64,
-                          rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1e4,
-                                                      "partial_rotary_factor": 1.0}}), (1, 7)),
-    "odd_h80_d24": (dict(vocab_size=128, hidden_size=80, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=24, moe_intermediate_size=40, num_experts=3,
-                         router_hidden_size=24, max_position_embeddings=64, cca_time0=3,
-                         rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1e6,
-                                                     "partial_rotary_factor": 0.5}}), (33,)),
+    "tiny_spec14": (
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            moe_intermediate_size=32,
+            num_experts=4,
+            router_hidden_size=16,
+            max_position_embeddings=128,
+        ),
+        (33,),
+    ),
+    "odd_h48_gqa3": (
+        dict(
+            vocab_size=96,
+            hidden_size=48,
+            num_hidden_layers=3,
+            num_attention_heads=3,
+            num_key_value_heads=1,
+            head_dim=8,
+            moe_intermediate_size=24,
+            num_experts=2,
+            router_hidden_size=8,
+            max_position_embeddings=64,
+            rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}},
+        ),
+        (1, 7),
+    ),
+    "odd_h80_d24": (
+        dict(
+            vocab_size=128,
+            hidden_size=80,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            moe_intermediate_size=40,
+            num_experts=3,
+            router_hidden_size=24,
+            max_position_embeddings=64,
+            cca_time0=3,
+            rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}},
+        ),
+        (33,),
+    ),
 }
 REL_TOL = 1e-5
 
@@ -128,8 +163,11 @@ def run(request, tmp_path_factory):
     params, loss_grad = jax_loss_grad(model)
     forward = nnx.jit(lambda mdl, x: mdl(x))
     norms, logits = [], {}
-    hooks = [mod.register_forward_pre_hook(lambda _, args: norms.extend(a.norm(dim=-1).min().item() for a in args))
-             for mod in hf_model.modules() if isinstance(mod, transformers.models.zaya.modeling_zaya.ZayaQKNorm)]
+    hooks = [
+        mod.register_forward_pre_hook(lambda _, args: norms.extend(a.norm(dim=-1).min().item() for a in args))
+        for mod in hf_model.modules()
+        if isinstance(mod, transformers.models.zaya.modeling_zaya.ZayaQKNorm)
+    ]
     *short, longest = CONFIGS[name][1]
     for seq in short:
         ids = token_ids(config.model.vocab_size, 2, seq, seed=seq)
@@ -146,9 +184,18 @@ def run(request, tmp_path_factory):
     (loss, out), grads = loss_grad(params, jnp.asarray(ids))
     logits[longest] = (ref_out.logits.detach().numpy(), np.asarray(out.logits))
     torch_grads = {n: p.grad.numpy() for n, p in hf_model.named_parameters()}  # embed grad includes the tied head
-    return dict(name=name, config=config, hf_model=hf_model, model=model, logits=logits, norms=norms,
-                counts=np.asarray(out.stats.counts), loss=(loss_ref.item(), float(loss)), torch_grads=torch_grads,
-                grads={p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(grads)})
+    return dict(
+        name=name,
+        config=config,
+        hf_model=hf_model,
+        model=model,
+        logits=logits,
+        norms=norms,
+        counts=np.asarray(out.stats.counts),
+        loss=(loss_ref.item(), float(loss)),
+        torch_grads=torch_grads,
+        grads={p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(grads)},
+    )
 
 
 def test_logits_and_skip_slot(run):
@@ -174,8 +221,7 @@ def test_gradients_match_torch(run):
     tensors.update((n, b.numpy()) for n, b in run["hf_model"].named_buffers() if n.endswith("balancing_biases"))
     shapes = {p: a.shape for p, a in flat.items()}
     shapes[("layers", "moe", "router", "balancing_bias")] = (m.num_layers, m.num_experts + 1)
-    ref = hf.hf_to_state(hf.tensor_specs(m, shapes, "hf"), tensors.__getitem__, shapes,
-                         {p: np.float32 for p in shapes})
+    ref = hf.hf_to_state(hf.tensor_specs(m, shapes, "hf"), tensors.__getitem__, shapes, {p: np.float32 for p in shapes})
     worst = 0.0
     for path, g in flat.items():
         r = ref[path]
@@ -257,10 +303,15 @@ def test_export_roundtrip_hf_and_legacy(tmp_path):
     hf.save_pretrained(model, str(legacy), layout="legacy")
     with safetensors.safe_open(str(legacy / "model.safetensors"), framework="numpy") as f:
         names = set(f.keys())
-    assert {"model.layers.0.res_scale.hidden_states_scale", "model.res_scale.residual_bias",
-            "model.final_norm.weight", "model.layers.3.zaya_block.experts.local_experts.3.linear_fc2.weight",
-            "model.layers.2.self_attn.qkv.conv_qk.1.weight", "model.layers.3.zaya_block.router.router_states_scale",
-            "model.layers.2.res_scale.residual_scale"} <= names
+    assert {
+        "model.layers.0.res_scale.hidden_states_scale",
+        "model.res_scale.residual_bias",
+        "model.final_norm.weight",
+        "model.layers.3.zaya_block.experts.local_experts.3.linear_fc2.weight",
+        "model.layers.2.self_attn.qkv.conv_qk.1.weight",
+        "model.layers.3.zaya_block.router.router_states_scale",
+        "model.layers.2.res_scale.residual_scale",
+    } <= names
     assert "model.layers.1.zaya_block.router.router_states_scale" not in names  # first router has no EDA
     assert max(int(n.split(".")[2]) for n in names if n.startswith("model.layers.")) == 2 * m.num_layers - 1
     _, back = hf.load_pretrained(str(legacy))  # layout auto-detected
@@ -316,18 +367,21 @@ def _variant(good_dir: str, dst, edit_tensors=None, edit_config=None) -> str:
 W_IN = "model.layers.1.mlp.experts.gate_up_proj"
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("no_config", r"config\.json"),
-    ("no_weights", r"safetensors"),
-    ("unknown_tensor", r"model\.layers\.0\.mlp\.gate\.extra_weight"),
-    ("missing_tensor", re.escape("model.layers.1.self_attn.qk_norm.temp")),
-    ("shape_mismatch", re.escape(W_IN) + r".*\[4, 64, 62\].*\[4, 64, 64\]"),
-    ("top2", r"num_experts_per_tok"),
-    ("sliding", r"layer_types"),
-    ("untied", r"tie_word_embeddings"),
-    ("missing_field", r"router_hidden_size"),
-    ("untied_head_tensor", r"lm_head\.weight"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("no_config", r"config\.json"),
+        ("no_weights", r"safetensors"),
+        ("unknown_tensor", r"model\.layers\.0\.mlp\.gate\.extra_weight"),
+        ("missing_tensor", re.escape("model.layers.1.self_attn.qk_norm.temp")),
+        ("shape_mismatch", re.escape(W_IN) + r".*\[4, 64, 62\].*\[4, 64, 64\]"),
+        ("top2", r"num_experts_per_tok"),
+        ("sliding", r"layer_types"),
+        ("untied", r"tie_word_embeddings"),
+        ("missing_field", r"router_hidden_size"),
+        ("untied_head_tensor", r"lm_head\.weight"),
+    ],
+)
 def test_bad_inputs(good_dir, tmp_path, case, expected):
     dst = tmp_path / case
     if case == "no_config":
@@ -338,17 +392,18 @@ def test_bad_inputs(good_dir, tmp_path, case, expected):
         os.remove(os.path.join(path, "model.safetensors"))
     else:
         edits = {
-            "unknown_tensor": dict(edit_tensors=lambda t: t.update({"model.layers.0.mlp.gate.extra_weight":
-                                                                     np.zeros(3, np.float32)})),
+            "unknown_tensor": dict(
+                edit_tensors=lambda t: t.update({"model.layers.0.mlp.gate.extra_weight": np.zeros(3, np.float32)})
+            ),
             "missing_tensor": dict(edit_tensors=lambda t: t.pop("model.layers.1.self_attn.qk_norm.temp")),
             "shape_mismatch": dict(edit_tensors=lambda t: t.update({W_IN: t[W_IN][..., :62].copy()})),
             "top2": dict(edit_config=lambda c: c.update(num_experts_per_tok=2)),
-            "sliding": dict(edit_config=lambda c: c.update(layer_types=["hybrid", "hybrid_sliding"],
-                                                           sliding_window=8)),
+            "sliding": dict(edit_config=lambda c: c.update(layer_types=["hybrid", "hybrid_sliding"], sliding_window=8)),
             "untied": dict(edit_config=lambda c: c.update(tie_word_embeddings=False)),
             "missing_field": dict(edit_config=lambda c: c.pop("router_hidden_size")),
-            "untied_head_tensor": dict(edit_tensors=lambda t: t.update(
-                {"lm_head.weight": t["model.embed_tokens.weight"] + 1.0})),
+            "untied_head_tensor": dict(
+                edit_tensors=lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1.0})
+            ),
         }[case]
         path = _variant(good_dir, dst, **edits)
     with pytest.raises(hf.HFConversionError, match=expected):
@@ -361,14 +416,25 @@ def test_param_counts_match_hf():
         m = hf.config_from_hf(hf_model.config.to_dict())
         assert param_counts(m)["total"] == sum(p.numel() for p in hf_model.parameters()), name
     # the §14 reference figure for the tiny config
-    assert param_counts(hf.config_from_hf({**CONFIGS["tiny_spec14"][0], **TOKENS,
-                                           "rope_parameters": {"rope_theta": 1e4}}))["total"] == 101_876
+    assert (
+        param_counts(
+            hf.config_from_hf({**CONFIGS["tiny_spec14"][0], **TOKENS, "rope_parameters": {"rope_theta": 1e4}})
+        )["total"]
+        == 101_876
+    )
 
 
 def test_count_params_cli_base():
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-m", "launch.count_params", "--config=experiments/zaya1_base.py"],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.count_params", "--config=experiments/zaya1_base.py"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     values = {k: int(v.replace(",", "")) for k, v in re.findall(r"(\w+):\s+([\d,]+)", out)}
     assert values["non_embedding"] == 8_303_355_728  # spec §10 (HF's count)
     assert values["active_non_embedding"] == 753_608_528

@@ -53,9 +53,10 @@ def _thp_mode() -> str:
         return "unavailable"
 
 
-@pytest.mark.skipif((host_memory.glibc_version() or (0, 0)) < host_memory.MIN_GLIBC or
-                    _thp_mode() not in ("always", "madvise"),
-                    reason="needs glibc >= 2.35 and transparent huge pages (always / madvise)")
+@pytest.mark.skipif(
+    (host_memory.glibc_version() or (0, 0)) < host_memory.MIN_GLIBC or _thp_mode() not in ("always", "madvise"),
+    reason="needs glibc >= 2.35 and transparent huge pages (always / madvise)",
+)
 def test_huge_page_tunable_cuts_page_faults_of_large_blocks():
     pages = 3 * (256 << 20) // 4096
     default = _faults(_clean_env())
@@ -77,13 +78,24 @@ def test_env_is_left_alone_when_disabled_or_on_gpu_hosts():
 
 def test_launcher_restarts_itself_once_with_the_tunable():
     # an inherited XLA_FLAGS device count loses to an explicit --cpu_devices (issue: plan --cpu_devices=64 failed)
-    out = subprocess.run([sys.executable, "-m", "launch.cpu_devices", "--cpu_devices=16"], cwd=ROOT,
-                         env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"), capture_output=True,
-                         text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "launch.cpu_devices", "--cpu_devices=16"],
+        cwd=ROOT,
+        env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     expect = host_memory.huge_pages_active(host_memory.huge_page_env(_clean_env()))
     assert (host_memory.TUNABLE in out) == expect, out
     assert "devices=16 (cpu)" in out, out
-    default = subprocess.run([sys.executable, "-m", "launch.cpu_devices"], cwd=ROOT, capture_output=True, text=True,
-                             env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=3"), check=True).stdout
+    default = subprocess.run(
+        [sys.executable, "-m", "launch.cpu_devices"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=3"),
+        check=True,
+    ).stdout
     assert "devices=3 (cpu)" in default, default  # the flag's default leaves an inherited count alone
     assert not running_a_launcher(), "pytest is not a launcher"

@@ -32,11 +32,23 @@ from zaya_jax.inference import decode_step, filter_logits, generate, init_cache,
 from zaya_jax.inference import evaluate as ev  # noqa: E402
 
 # experiments/zaya1_tiny.py geometry, HF-native names
-HF_CONFIG = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 head_dim=16, moe_intermediate_size=64, num_experts=4, router_hidden_size=16,
-                 max_position_embeddings=1024, initializer_range=0.1, pad_token_id=0, eos_token_id=1,
-                 bos_token_id=2,
-                 rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}})
+HF_CONFIG = dict(
+    vocab_size=384,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    moe_intermediate_size=64,
+    num_experts=4,
+    router_hidden_size=16,
+    max_position_embeddings=1024,
+    initializer_range=0.1,
+    pad_token_id=0,
+    eos_token_id=1,
+    bos_token_id=2,
+    rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+)
 SEQ, T_MAX, NEW = 16, 16, 8
 REL_TOL = 1e-5
 
@@ -145,8 +157,9 @@ def test_greedy_matches_transformers(hf_dir, models):
     ids = prompt_ids(3, 7, seed=2)
     with torch.no_grad():
         ids_t = torch.tensor(ids, dtype=torch.long)
-        ref = hf_model.generate(ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=NEW, do_sample=False,
-                                pad_token_id=0).numpy()
+        ref = hf_model.generate(
+            ids_t, attention_mask=torch.ones_like(ids_t), max_new_tokens=NEW, do_sample=False, pad_token_id=0
+        ).numpy()
     out = np.asarray(generate(models["zero"], ids, max_new_tokens=NEW))
     assert out.shape == (3, 7 + NEW)
     np.testing.assert_array_equal(out, ref)
@@ -210,13 +223,16 @@ def test_filter_logits_numpy():
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     root = tmp_path_factory.mktemp("corpus")
-    texts = ["The quick brown fox jumps over the lazy dog. " * 3, "Grüße aus Köln — naïve café ☕ " * 4,
-             "def f(x):\n    return x * 2\n" * 3, "Ελληνικά και 日本語のテキスト " * 2]
+    texts = [
+        "The quick brown fox jumps over the lazy dog. " * 3,
+        "Grüße aus Köln — naïve café ☕ " * 4,
+        "def f(x):\n    return x * 2\n" * 3,
+        "Ελληνικά και 日本語のテキスト " * 2,
+    ]
     for i, text in enumerate(texts):
         (root / f"doc{i}.txt").write_text(text, encoding="utf-8")
     out = str(root / "prepared")
-    manifest = prepare([str(root)], out, seq_len=SEQ, tokenizer="byte", shard_size=8, eval_fraction=0.4,
-                       progress=False)
+    manifest = prepare([str(root)], out, seq_len=SEQ, tokenizer="byte", shard_size=8, eval_fraction=0.4, progress=False)
     return out, manifest
 
 
@@ -245,13 +261,15 @@ def test_bits_per_byte_numpy(models, forward, prepared):
 
 def test_multiple_choice_numpy(models, forward, tmp_path):
     model, tok = models["zero"], ByteTokenizer()
-    items = [dict(context="The cat sat", choices=[" on", " by", " at"]),
-             dict(context="Once upon", choices=[" a", " tim", " x"])]
+    items = [
+        dict(context="The cat sat", choices=[" on", " by", " at"]),
+        dict(context="Once upon", choices=[" a", " tim", " x"]),
+    ]
 
     def reference(context: str, choice: str) -> float:
         seq = [tok.eos_id] + tok.encode(context) + tok.encode(choice)
         ids = np.zeros((1, SEQ), np.int32)
-        ids[0, :len(seq)] = seq
+        ids[0, : len(seq)] = seq
         logits = np.asarray(forward(model, jnp.asarray(ids))[0], np.float64)[0]
         logp = logits - (np.log(np.sum(np.exp(logits - logits.max(-1, keepdims=True)), -1)) + logits.max(-1))[:, None]
         start = len(seq) - len(tok.encode(choice))

@@ -27,8 +27,9 @@ def _nodes(count: int, per_node: int, seed: int) -> list[FakeDevice]:
     return devices
 
 
-@pytest.mark.parametrize("spec", ["data:4,expert:4", "data:2,context:2,expert:4", "data:8,expert:2",
-                                  "data:4,context:4"])
+@pytest.mark.parametrize(
+    "spec", ["data:4,expert:4", "data:2,context:2,expert:4", "data:8,expert:2", "data:4,context:4"]
+)
 def test_only_data_crosses_nodes(spec):
     sizes = parse_mesh_spec(spec)
     grid = hybrid_device_grid(sizes, _nodes(2, 8, seed=len(spec)))

@@ -29,9 +29,24 @@ BIASES = ("bias", "h_bias", "r_bias", "in_bias", "b_down", "b1", "b2", "conv1_b"
 
 def make_cfg(**overrides):
     m = model_config()
-    m.update(dict(vocab_size=50, hidden_size=24, num_layers=3, num_q_heads=4, num_kv_heads=2, head_dim=8,
-                  num_experts=3, moe_intermediate_size=16, router_hidden_size=8, rope_theta=1e4,
-                  skip_output="zero", dispatch="dense", dtype="float32", param_dtype="float32"))
+    m.update(
+        dict(
+            vocab_size=50,
+            hidden_size=24,
+            num_layers=3,
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            num_experts=3,
+            moe_intermediate_size=16,
+            router_hidden_size=8,
+            rope_theta=1e4,
+            skip_output="zero",
+            dispatch="dense",
+            dtype="float32",
+            param_dtype="float32",
+        )
+    )
     m.update(overrides)
     validate_model(m)
     return frozen(m)
@@ -127,8 +142,8 @@ def np_qkv(x, p, nq, nkv, d, pad_once=True):
     qm = np.stack([(q0h[:, :, i] + k0h[:, :, i // grp]) / 2 for i in range(nq)], axis=2)
     km = np.stack([np.mean([qm[:, :, i] for i in range(nq) if i // grp == j], axis=0) for j in range(nkv)], axis=2)
     z = np_conv_qk(np.concatenate([q0, k0], -1), p["conv1_w"], p["conv1_b"], p["conv2_w"], p["conv2_b"], pad_once)
-    q = z[..., :nq * d].reshape(b, s, nq, d) + qm
-    k = z[..., nq * d:].reshape(b, s, nkv, d) + km
+    q = z[..., : nq * d].reshape(b, s, nq, d) + qm
+    k = z[..., nq * d :].reshape(b, s, nkv, d) + km
     x_prev = np.concatenate([np.zeros((b, 1, h)), x[:, :-1]], axis=1)
     v = np.concatenate([x @ p["wv_cur"], x_prev @ p["wv_del"]], axis=-1).reshape(b, s, nkv, d)
     return q, k, v
@@ -165,8 +180,9 @@ def np_attention(q, k, v):
 
 def np_cca(x, p, m, positions):
     q, k, v = np_qkv(x, p, m.num_q_heads, m.num_kv_heads, m.head_dim)
-    q, k = np_norm_rope(q, k, p["temp"], positions, int(m.head_dim * m.partial_rotary_factor), m.rope_theta,
-                        m.qk_norm_eps)
+    q, k = np_norm_rope(
+        q, k, p["temp"], positions, int(m.head_dim * m.partial_rotary_factor), m.rope_theta, m.qk_norm_eps
+    )
     return np_attention(q, k, v) @ p["wo"]
 
 
@@ -182,7 +198,7 @@ def np_router(x, a_prev, p, eps=1e-5):
 
 def np_moe(x, a_prev, p, num_experts, skip_output):
     """§7 dropless top-1 MoE with skip slot on tokens x [T,H] → (out [T,H], state, choice)."""
-    choice, gate, _, a = np_router(x, a_prev, {k[len("router."):]: v for k, v in p.items() if k.startswith("router.")})
+    choice, gate, _, a = np_router(x, a_prev, {k[len("router.") :]: v for k, v in p.items() if k.startswith("router.")})
     out = np.zeros_like(x)
     for t, e in enumerate(choice):
         if e < num_experts:
@@ -210,10 +226,10 @@ def test_cca_convs_pad_once_and_full_attention(k0, k1):
     for t in (0, 1):  # the first tokens see the left padding
         assert rel(q[:, t], q_ref[:, t]) < TOL and rel(k[:, t], k_ref[:, t]) < TOL
     assert rel(q, q_ref) < TOL and rel(k, k_ref) < TOL and rel(v, v_ref) < TOL  # mean path, value shift
-    np.testing.assert_array_equal(np.asarray(v).reshape(2, 5, -1)[:, 0, m.num_kv_heads * m.head_dim // 2:], 0.0)
+    np.testing.assert_array_equal(np.asarray(v).reshape(2, 5, -1)[:, 0, m.num_kv_heads * m.head_dim // 2 :], 0.0)
     q_sep, k_sep, _ = np_qkv(x, p, m.num_q_heads, m.num_kv_heads, m.head_dim, pad_once=False)
     assert rel(q[:, 0], q_sep[:, 0]) > 1e-2 and rel(k[:, 0], k_sep[:, 0]) > 1e-2  # y_{-1} = b1, not 0
-    close(q[:, k0 + k1 - 2:], q_sep[:, k0 + k1 - 2:], tol=1e-4)
+    close(q[:, k0 + k1 - 2 :], q_sep[:, k0 + k1 - 2 :], tol=1e-4)
     out = CALL(cca, jnp.asarray(x, jnp.float32), jnp.arange(5)[None])  # the whole sub-layer, attention included
     assert rel(out, np_cca(x, p, m, np.arange(5))) < TOL
 
@@ -325,8 +341,12 @@ def test_dispatches_agree_outputs_and_gradients():
     ref_moe, _ = make_moe(base, seed=41, skip_bias=0.05)
     results = {}
     for dispatch in ("dense", "ragged", "capacity", "grouped"):
-        moe = MoE(make_cfg(num_experts=4, skip_output="scaled_input", dispatch=dispatch,
-                           capacity_factor=float(base.num_experts)), rngs=nnx.Rngs(1))
+        moe = MoE(
+            make_cfg(
+                num_experts=4, skip_output="scaled_input", dispatch=dispatch, capacity_factor=float(base.num_experts)
+            ),
+            rngs=nnx.Rngs(1),
+        )
         nnx.update(moe, nnx.state(ref_moe))
         results[dispatch] = moe_outputs_and_grads(moe, x, state, cot)
     out, stats, grads = results["dense"]
@@ -365,8 +385,8 @@ def np_model(ids, a: dict[str, np.ndarray], m):
     r = (a["embed"][ids] + a["in_bias"]) * a["in_scale"]
     state = np.zeros((b * s, m.router_hidden_size))
     for i in range(m.num_layers):
-        lp = {k[len("layers."):]: v[i] for k, v in a.items() if k.startswith("layers.")}
-        sub = lambda pre: {k[len(pre):]: v for k, v in lp.items() if k.startswith(pre)}  # noqa: E731
+        lp = {k[len("layers.") :]: v[i] for k, v in a.items() if k.startswith("layers.")}
+        sub = lambda pre: {k[len(pre) :]: v for k, v in lp.items() if k.startswith(pre)}  # noqa: E731
         y = np_cca(np_rms(r, lp["attn_norm.scale"]), sub("attn."), m, np.arange(s))
         r = np_merge(y, r, sub("attn_merge."))
         x = np_rms(r, lp["moe_norm.scale"]).reshape(b * s, -1)

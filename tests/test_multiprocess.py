@@ -32,18 +32,37 @@ def _free_port() -> int:
 
 def _cmd(workdir: str, data: str, devices: int, *extra: str) -> list[str]:
     """2 data × 4 expert: on 2 processes a hybrid mesh whose expert axis stays inside each "node"."""
-    return train_cmd(workdir, data, devices, f"--config.train.steps={STEPS}", "--config.checkpoint.every=0",
-                     "--config.mesh.data=2", "--config.mesh.expert=4", "--config.model.dispatch=ep", *extra)
+    return train_cmd(
+        workdir,
+        data,
+        devices,
+        f"--config.train.steps={STEPS}",
+        "--config.checkpoint.every=0",
+        "--config.mesh.data=2",
+        "--config.mesh.expert=4",
+        "--config.model.dispatch=ep",
+        *extra,
+    )
 
 
 def _node_command(workdir: str, data: str, coordinator: str, node: int) -> list[str]:
     """What `launch/rocm/node.sh` runs on node `node`: the trainer under its own supervisor, whose workdir
     (heartbeat, event log) is per node while metrics and checkpoints are shared."""
-    trainer = _cmd(workdir, data, 4, f"--coordinator_address={coordinator}", "--num_processes=2",
-                   f"--process_id={node}")
-    return [sys.executable, "-m", "launch.supervise", f"--workdir={workdir}/nodes/{node}",
-            f"--checkpoint_dir={workdir}/checkpoints", "--max_restarts=0", "--heartbeat_timeout=300",
-            "--startup_timeout=600", "--", *trainer]
+    trainer = _cmd(
+        workdir, data, 4, f"--coordinator_address={coordinator}", "--num_processes=2", f"--process_id={node}"
+    )
+    return [
+        sys.executable,
+        "-m",
+        "launch.supervise",
+        f"--workdir={workdir}/nodes/{node}",
+        f"--checkpoint_dir={workdir}/checkpoints",
+        "--max_restarts=0",
+        "--heartbeat_timeout=300",
+        "--startup_timeout=600",
+        "--",
+        *trainer,
+    ]
 
 
 def _wait_all_ok(procs: list[subprocess.Popen], timeout: float) -> list[str]:
@@ -65,16 +84,30 @@ def _wait_all_ok(procs: list[subprocess.Popen], timeout: float) -> list[str]:
 def _run_two_nodes(workdir: str, data: str, timeout: float) -> list[str]:
     """Start nodes 0 and 1 (4 devices each) against one coordinator; returns their stderr."""
     coordinator = f"127.0.0.1:{_free_port()}"
-    procs = [subprocess.Popen(_node_command(workdir, data, coordinator, i), cwd=REPO, env=env_for(4),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            _node_command(workdir, data, coordinator, i),
+            cwd=REPO,
+            env=env_for(4),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     return _wait_all_ok(procs, timeout)
 
 
 @pytest.mark.slow
 def test_two_processes_match_one_process(data_dir, tmp_path):  # noqa: F811
-    reference = subprocess.Popen(_cmd(str(tmp_path / "one"), data_dir, 8), cwd=REPO, env=env_for(8),
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    reference = subprocess.Popen(
+        _cmd(str(tmp_path / "one"), data_dir, 8),
+        cwd=REPO,
+        env=env_for(8),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     two = str(tmp_path / "two")
     try:  # both runs at once: they are independent and mostly wait on compilation
         stderr = _run_two_nodes(two, data_dir, timeout=600)
@@ -114,17 +147,33 @@ print("RESULT", jax.process_index(), jax.process_count(), jax.device_count(), ja
 
 def _slurm_env(proc_id: int, port: int, **extra: str) -> dict[str, str]:
     """What `srun --nodes=2 --ntasks-per-node=1` exports (both "nodes" are localhost here)."""
-    return env_for(4, SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="2",
-                   SLURM_NTASKS_PER_NODE="1", SLURM_PROCID=str(proc_id), SLURM_LOCALID="0",
-                   JAX_COORDINATOR_PORT=str(port), **extra)
+    return env_for(
+        4,
+        SLURM_JOB_ID="4242",
+        SLURM_STEP_NODELIST="localhost",
+        SLURM_NTASKS="2",
+        SLURM_NTASKS_PER_NODE="1",
+        SLURM_PROCID=str(proc_id),
+        SLURM_LOCALID="0",
+        JAX_COORDINATOR_PORT=str(port),
+        **extra,
+    )
 
 
 @pytest.mark.slow
 def test_slurm_environment_initializes_distributed_without_flags():
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", _INIT_ONLY], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, env=_slurm_env(i, port, SLURM_GPUS_ON_NODE="8"))
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _INIT_ONLY],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=_slurm_env(i, port, SLURM_GPUS_ON_NODE="8"),
+        )
+        for i in range(2)
+    ]
     try:
         outs = [p.communicate(timeout=300) for p in procs]
     finally:
@@ -141,8 +190,9 @@ def test_slurm_environment_initializes_distributed_without_flags():
 
 def test_slurm_ntasks_outside_srun_is_a_clear_error():
     env = env_for(4, SLURM_JOB_ID="4242", SLURM_NTASKS="2")  # sbatch sets these; only srun adds SLURM_STEP_*
-    proc = subprocess.run([sys.executable, "-c", _INIT_ONLY], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _INIT_ONLY], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode != 0 and "srun" in proc.stderr and "coordinator_address" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -154,11 +204,22 @@ def test_sigterm_on_one_process_stops_all_at_the_same_step(data_dir, tmp_path): 
     coordinator = f"127.0.0.1:{_free_port()}"
     procs = []
     for i in range(2):
-        cmd = train_cmd(workdir, data_dir, 4, "--config.train.steps=8", "--config.checkpoint.every=0",
-                        f"--coordinator_address={coordinator}", "--num_processes=2", f"--process_id={i}")
+        cmd = train_cmd(
+            workdir,
+            data_dir,
+            4,
+            "--config.train.steps=8",
+            "--config.checkpoint.every=0",
+            f"--coordinator_address={coordinator}",
+            "--num_processes=2",
+            f"--process_id={i}",
+        )
         faults = {"ZAYA_FAULTS": "sigterm@1"} if i == 1 else {}
-        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env_for(4, **faults), stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                cmd, cwd=REPO, env=env_for(4, **faults), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+            )
+        )
     _wait_all_ok(procs, timeout=600)
     preempted = [e for e in read_events(os.path.join(workdir, "events.jsonl")) if e["event"] == "preempted"]
     assert len(preempted) == 1 and 2 <= preempted[0]["step"] < 8, preempted  # stopped early, after the notice

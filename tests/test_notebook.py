@@ -33,8 +33,9 @@ def _text(nb) -> str:
 def test_mesh_debugging_notebook_executes():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # jupyter_client replaces a kernelspec's "python" command with sys.executable, so the kernel runs this venv
-    client = nbclient.NotebookClient(nb, kernel_name="python3", timeout=600,
-                                     resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}})
+    client = nbclient.NotebookClient(
+        nb, kernel_name="python3", timeout=600, resources={"metadata": {"path": os.path.dirname(NOTEBOOK)}}
+    )
     client.execute()  # raises CellExecutionError on the first failing cell
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors

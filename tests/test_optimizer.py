@@ -25,16 +25,36 @@ MUON_LR, ADAM_LR = 0.05, 0.01
 
 def tiny_model_config():
     c = default_config()
-    c.model.update(dict(vocab_size=64, hidden_size=32, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=8,
-                        moe_intermediate_size=16, num_experts=4, router_hidden_size=8, max_position_embeddings=64))
+    c.model.update(
+        dict(
+            vocab_size=64,
+            hidden_size=32,
+            num_layers=2,
+            num_q_heads=4,
+            num_kv_heads=2,
+            head_dim=8,
+            moe_intermediate_size=16,
+            num_experts=4,
+            router_hidden_size=8,
+            max_position_embeddings=64,
+        )
+    )
     return c
 
 
 def make_config(**opt):
     c = default_config()
     c.train.steps = 100
-    c.optimizer.update(dict(schedule="constant", warmup_steps=0, grad_clip_norm=0.0, weight_decay=0.0,
-                            learning_rate=MUON_LR, adam_learning_rate=ADAM_LR))
+    c.optimizer.update(
+        dict(
+            schedule="constant",
+            warmup_steps=0,
+            grad_clip_norm=0.0,
+            weight_decay=0.0,
+            learning_rate=MUON_LR,
+            adam_learning_rate=ADAM_LR,
+        )
+    )
     c.optimizer.update(opt)
     return c
 
@@ -42,18 +62,30 @@ def make_config(**opt):
 def small_params(seed: int = 0) -> dict:
     """A ZAYA1-named parameter tree with small shapes (no model needed)."""
     shapes = {
-        "embed": (V, H), "in_scale": (H,), "final_norm": {"scale": (H,)},
+        "embed": (V, H),
+        "in_scale": (H,),
+        "final_norm": {"scale": (H,)},
         "layers": {
-            "attn": {"wq": (L, H, 8), "wo": (L, 8, H), "conv1_w": (L, 2, 12), "conv1_b": (L, 12),
-                     "conv2_w": (L, 2, 3, 4, 4), "temp": (L, 2)},
+            "attn": {
+                "wq": (L, H, 8),
+                "wo": (L, 8, H),
+                "conv1_w": (L, 2, 12),
+                "conv1_b": (L, 12),
+                "conv2_w": (L, 2, 3, 4, 4),
+                "temp": (L, 2),
+            },
             "attn_merge": {"h_scale": (L, H)},
-            "moe": {"router": {"w_down": (L, H, R), "w3": (L, R, E + 1), "b1": (L, R), "eda_scale": (L, R)},
-                    "w_in": (L, E, H, 2 * I), "w_out": (L, E, I, H)},
+            "moe": {
+                "router": {"w_down": (L, H, R), "w3": (L, R, E + 1), "b1": (L, R), "eda_scale": (L, R)},
+                "w_in": (L, E, H, 2 * I),
+                "w_out": (L, E, I, H),
+            },
         },
     }
     rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32), shapes,
-                        is_leaf=lambda x: isinstance(x, tuple))
+    return jax.tree.map(
+        lambda s: jnp.asarray(rng.standard_normal(s), jnp.float32), shapes, is_leaf=lambda x: isinstance(x, tuple)
+    )
 
 
 def np_newton_schulz(g: np.ndarray, steps: int = 5, eps: float = 1e-7) -> np.ndarray:
@@ -81,16 +113,26 @@ def first_update(config, params, grads):
 def test_labels_on_model_tree():
     c = tiny_model_config()
     state = nnx.state(abstract_model(c.model), nnx.Param)
-    flat = {jax.tree_util.keystr(p): v for p, v in
-            jax.tree_util.tree_flatten_with_path(opt_lib.param_labels(nnx.to_pure_dict(state)))[0]}
+    flat = {
+        jax.tree_util.keystr(p): v
+        for p, v in jax.tree_util.tree_flatten_with_path(opt_lib.param_labels(nnx.to_pure_dict(state)))[0]
+    }
     muon = {k for k, v in flat.items() if v == "muon"}
     expect_muon = {f"['layers']['attn']['{n}']" for n in ("wq", "wk", "wv_cur", "wv_del", "wo")}
     expect_muon |= {f"['layers']['moe']['router']['{n}']" for n in ("w_down", "w1", "w2", "w3")}
     expect_muon |= {"['layers']['moe']['w_in']", "['layers']['moe']['w_out']"}
     assert muon == expect_muon
-    for k in ("['embed']", "['in_scale']", "['final_norm']['scale']", "['layers']['attn']['conv1_w']",
-              "['layers']['attn']['conv2_w']", "['layers']['attn']['temp']", "['layers']['moe']['router']['norm']",
-              "['layers']['moe']['router']['eda_scale']", "['layers']['attn_merge']['r_bias']"):
+    for k in (
+        "['embed']",
+        "['in_scale']",
+        "['final_norm']['scale']",
+        "['layers']['attn']['conv1_w']",
+        "['layers']['attn']['conv2_w']",
+        "['layers']['attn']['temp']",
+        "['layers']['moe']['router']['norm']",
+        "['layers']['moe']['router']['eda_scale']",
+        "['layers']['attn_merge']['r_bias']",
+    ):
         assert flat[k] == "adam", k
     conv = opt_lib.param_labels(nnx.to_pure_dict(state), muon_conv=True)
     assert conv["layers"]["attn"]["conv2_w"] == "muon" and conv["layers"]["attn"]["conv1_w"] == "adam"
@@ -151,8 +193,9 @@ def test_muon_conv_taps_orthogonalised_per_head_and_tap():
     up, _ = first_update(make_config(muon_conv=True, muon_consistent_rms=0.0), params, grads)
     g = np.asarray(grads["layers"]["attn"]["conv2_w"])
     for idx in np.ndindex(*g.shape[:3]):
-        np.testing.assert_allclose(up["layers"]["attn"]["conv2_w"][idx], -MUON_LR * np_newton_schulz(g[idx]),
-                                   atol=2e-5, rtol=1e-3)
+        np.testing.assert_allclose(
+            up["layers"]["attn"]["conv2_w"][idx], -MUON_LR * np_newton_schulz(g[idx]), atol=2e-5, rtol=1e-3
+        )
 
 
 # ----------------------------------------------------------------------------- decay, clipping
@@ -166,7 +209,8 @@ def test_weight_decay_mask(decay_embedding):
     up, _ = first_update(make_config(weight_decay=wd, decay_embedding=decay_embedding), params, zeros)
     labels_flat = {p[-1].key: v for p, v in jax.tree_util.tree_flatten_with_path(opt_lib.param_labels(params))[0]}
     decayed = {"wq", "wo", "w_down", "w3", "w_in", "w_out", "conv1_w", "conv2_w"} | (
-        {"embed"} if decay_embedding else set())
+        {"embed"} if decay_embedding else set()
+    )
     for path, u in jax.tree_util.tree_flatten_with_path(up)[0]:
         name = path[-1].key
         p = params
@@ -178,8 +222,11 @@ def test_weight_decay_mask(decay_embedding):
 
 
 def _momentum_norm(state) -> float:
-    mus = [s.mu for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "mu") and hasattr(s, "count"))
-           if hasattr(s, "mu")]
+    mus = [
+        s.mu
+        for s in jax.tree.leaves(state, is_leaf=lambda s: hasattr(s, "mu") and hasattr(s, "count"))
+        if hasattr(s, "mu")
+    ]
     return float(optax.tree.norm(mus))
 
 

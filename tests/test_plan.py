@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AbstractMesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from launch.plan_sweep import parse_sweep
 from zaya_jax import hlo_stats, plan
@@ -29,8 +30,17 @@ from zaya_jax.train import zero1
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "experiments", "zaya1_tiny.py")
-SMALL = dict(hidden_size=256, head_dim=64, num_q_heads=4, num_kv_heads=2, num_experts=4, moe_intermediate_size=256,
-             router_hidden_size=64, vocab_size=512, num_layers=8)
+SMALL = dict(
+    hidden_size=256,
+    head_dim=64,
+    num_q_heads=4,
+    num_kv_heads=2,
+    num_experts=4,
+    moe_intermediate_size=256,
+    router_hidden_size=64,
+    vocab_size=512,
+    num_layers=8,
+)
 
 
 def _small_config():
@@ -48,8 +58,14 @@ def result_params(cfg):
 
 @pytest.fixture(scope="module")
 def small_plan():
-    cfg, notes = plan.planning_config(_small_config(), mesh=plan.parse_mesh("data:8"), seq_len=256,
-                                      batch_per_device=1, remat="none", capacity_factor=1.0)
+    cfg, notes = plan.planning_config(
+        _small_config(),
+        mesh=plan.parse_mesh("data:8"),
+        seq_len=256,
+        batch_per_device=1,
+        remat="none",
+        capacity_factor=1.0,
+    )
     return cfg, notes, plan.plan(cfg, hardware="mi300x")
 
 
@@ -76,9 +92,14 @@ def test_hlo_dot_flops_apply_loop_trip_counts():
 def test_hlo_collective_bytes_and_group_sizes():
     mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
     x = jax.ShapeDtypeStruct((8, 1024), jnp.float32, sharding=NamedSharding(mesh, P("d")))
-    fn = jax.jit(jax.shard_map(lambda a: (jax.lax.psum(a, "d"), jax.lax.all_to_all(a.reshape(8, 128), "d", 0, 0,
-                                                                                    tiled=True)),
-                               mesh=mesh, in_specs=P("d"), out_specs=(P(), P("d"))))
+    fn = jax.jit(
+        jax.shard_map(
+            lambda a: (jax.lax.psum(a, "d"), jax.lax.all_to_all(a.reshape(8, 128), "d", 0, 0, tiled=True)),
+            mesh=mesh,
+            in_specs=P("d"),
+            out_specs=(P(), P("d")),
+        )
+    )
     stats = hlo_stats.analyze(fn.lower(x).compile().as_text(), 8)
     reduce, a2a = stats.collectives["all-reduce"], stats.collectives["all-to-all"]
     assert reduce.operand_bytes == 1024 * 4 and reduce.wire_bytes == pytest.approx(2 * 7 / 8 * 1024 * 4)
@@ -87,16 +108,22 @@ def test_hlo_collective_bytes_and_group_sizes():
 
 def _switch_scan(x, idx, w_big, w_small):
     """A scan over slots whose body runs one of three branches (like distributed Muon's slot types)."""
+
     def body(c, i):
         y = jax.lax.switch(i, [lambda c: (c @ w_big) @ w_big.T, lambda c: c @ w_small, lambda c: 2.0 * c], c)
         return jnp.tanh(y), None
+
     return jax.lax.scan(body, x, idx)[0].sum()
 
 
 def test_hlo_conditional_counts_its_costliest_branch():
     slots, m, k, n = 6, 64, 128, 256
-    args = (jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((slots,), jnp.int32),
-            jax.ShapeDtypeStruct((k, n), jnp.float32), jax.ShapeDtypeStruct((k, k), jnp.float32))
+    args = (
+        jax.ShapeDtypeStruct((m, k), jnp.float32),
+        jax.ShapeDtypeStruct((slots,), jnp.int32),
+        jax.ShapeDtypeStruct((k, n), jnp.float32),
+        jax.ShapeDtypeStruct((k, k), jnp.float32),
+    )
     stats = hlo_stats.analyze(jax.jit(_switch_scan).lower(*args).compile().as_text(), 1)
     largest = 2 * m * k * n + 2 * m * n * k  # branch 0: [m,k]·[k,n] then [m,n]·[n,k]
     assert stats.dot_flops == slots * largest  # not the sum of the branches (+ 2·m·k·k), not each branch
@@ -107,8 +134,19 @@ def test_hlo_conditional_collectives_and_traffic():
     mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 
     def body(x, idx):  # branch 0 all-reduces 256 floats per device, branch 1 only 4
-        step = lambda c, i: (jax.lax.switch(i, [lambda c: jax.lax.psum(c, "d"),  # noqa: E731
-                                                lambda c: c + jax.lax.psum(c[:4], "d").sum()], c), None)
+        step = (
+            lambda c, i: (
+                jax.lax.switch(
+                    i,
+                    [
+                        lambda c: jax.lax.psum(c, "d"),  # noqa: E731
+                        lambda c: c + jax.lax.psum(c[:4], "d").sum(),
+                    ],
+                    c,
+                ),
+                None,
+            )
+        )
         return jax.lax.scan(step, x, idx)[0]
 
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d"), check_vma=False))
@@ -144,8 +182,10 @@ def test_hlo_collectives_count_bf16_payloads_as_bf16():
     mesh = jax.make_mesh((8,), ("d",), axis_types=(jax.sharding.AxisType.Auto,))
 
     def zero1(g, h):  # f32 reduce-scatter, bf16 all-gather of the updated shard, bf16 all-reduce
-        return (jax.lax.all_gather(jax.lax.psum_scatter(g, "d", tiled=True).astype(jnp.bfloat16), "d", tiled=True),
-                jax.lax.psum(h, "d"))
+        return (
+            jax.lax.all_gather(jax.lax.psum_scatter(g, "d", tiled=True).astype(jnp.bfloat16), "d", tiled=True),
+            jax.lax.psum(h, "d"),
+        )
 
     def f32_reduce(h):
         return jax.lax.psum(h.astype(jnp.float32), "d")
@@ -186,8 +226,14 @@ def test_parse_mesh_and_planning_config():
     assert plan.parse_mesh("data:2,expert:4") == {"data": 2, "context": 1, "expert": 4}
     with pytest.raises(ValueError, match="axis:size"):
         plan.parse_mesh("model:8")
-    cfg, notes = plan.planning_config(load_config(TINY), mesh={"data": 2, "context": 2, "expert": 2}, seq_len=64,
-                                      batch_per_device=3, remat="dots", num_devices=8)
+    cfg, notes = plan.planning_config(
+        load_config(TINY),
+        mesh={"data": 2, "context": 2, "expert": 2},
+        seq_len=64,
+        batch_per_device=3,
+        remat="dots",
+        num_devices=8,
+    )
     assert cfg.train.global_batch_size == 3 * 2 * 2  # per batch shard (data × expert); context splits sequences
     assert (cfg.model.dispatch, cfg.model.remat, cfg.train.seq_len) == ("ep", "dots", 64)
     assert any("dispatch" in n for n in notes)
@@ -211,9 +257,11 @@ def test_plan_flops_match_analytic(small_plan):
     a = fl["analytic"]
     tokens = result["setup"]["tokens_per_step"]
     assert a["model"] == pytest.approx(train_flops_per_token(cfg.model, 256) * tokens)
-    print(f"\nXLA/analytic: hardware {fl['xla_over_analytic_hardware']:.4f}, forward+backward "
-          f"{fl['forward_backward_over_analytic']:.4f}, optimizer {fl['optimizer_over_analytic_ns']:.4f}, model "
-          f"{fl['xla_model_over_analytic_model']:.4f}")
+    print(
+        f"\nXLA/analytic: hardware {fl['xla_over_analytic_hardware']:.4f}, forward+backward "
+        f"{fl['forward_backward_over_analytic']:.4f}, optimizer {fl['optimizer_over_analytic_ns']:.4f}, model "
+        f"{fl['xla_model_over_analytic_model']:.4f}"
+    )
     for key in ("xla_over_analytic_hardware", "forward_backward_over_analytic", "xla_model_over_analytic_model"):
         assert fl[key] == pytest.approx(1.0, abs=0.10), key
     # the owners' Newton-Schulz: every device runs its s slots, each priced (a conditional) as the costliest
@@ -251,7 +299,8 @@ def test_plan_collectives_and_projection(small_plan):
     assert minimum["expert_all_to_all"] == minimum["context_parallel"] == 0
     s = result["summary"]
     assert s["collective_wire_over_zero1_minimum"] == pytest.approx(
-        result["collective_wire_bytes_per_device"] / minimum["total"])
+        result["collective_wire_bytes_per_device"] / minimum["total"]
+    )
     assert s["projected_mfu"] == pr["mfu"] and s["executed_over_analytic_hardware_flops"] == pytest.approx(1, abs=0.1)
     # the XLA:CPU traffic is reported as an upper bound of the analytic memory-bound bytes
     assert p["xla_cpu_hbm_bytes_upper_bound"] > p["hbm_bytes"]["total"] > 0
@@ -274,8 +323,9 @@ def test_remat_auto_picks_first_policy_that_fits(monkeypatch):
 def test_compile_scaling_hlo_size():
     """80 vs 8 layers: the layer scan keeps the program size constant (a deterministic stand-in for compile
     cost). Compile times are reported, not asserted."""
-    cfg, _ = plan.planning_config(plan.small_width(load_config(TINY), seq_len=64), mesh={"data": 8},
-                                  capacity_factor=1.0)
+    cfg, _ = plan.planning_config(
+        plan.small_width(load_config(TINY), seq_len=64), mesh={"data": 8}, capacity_factor=1.0
+    )
     result = plan.compile_scaling(cfg, depths=(8, 80), compile=True, fast_compile=True, warmup=False)
     ratios = result["ratios"]
     print("\ncompile scaling 80 vs 8 layers:", json.dumps({k: round(v, 3) for k, v in ratios.items()}))
@@ -288,8 +338,14 @@ def _launch(*args: str, xla_flags: str | None = None) -> subprocess.CompletedPro
     env.pop("XLA_FLAGS", None)  # the launcher sets the device count itself (--cpu_devices, default 8)
     if xla_flags is not None:
         env["XLA_FLAGS"] = xla_flags
-    proc = subprocess.run([sys.executable, "-m", "launch.plan", f"--config={TINY}", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.plan", f"--config={TINY}", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -305,7 +361,8 @@ def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
         f"executed / analytic hardware FLOPs: {s['executed_over_analytic_hardware_flops']:.2f}",
         f"optimizer / Newton-Schulz FLOPs: {s['optimizer_over_newton_schulz_flops']:.2f}",
         f"collective wire / ZeRO-1 minimum: {s['collective_wire_over_zero1_minimum']:.2f}",
-        f"projected MFU: {100 * s['projected_mfu']:.1f}%"]
+        f"projected MFU: {100 * s['projected_mfu']:.1f}%",
+    ]
     assert 0 < s["projected_mfu"] < 1 and np.isfinite(s["collective_wire_over_zero1_minimum"])
     for needle in ("alpha network 10 us", "rails-only", "upper bound only", "not overlapped"):
         assert needle in proc.stdout  # the assumptions are printed
@@ -318,8 +375,14 @@ def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
 def test_cpu_devices_flag_wins_over_inherited_xla_flags(tmp_path):
     """`--cpu_devices=16 --mesh=data:16` plans on 16 devices although XLA_FLAGS asks for 8 (a user's shell)."""
     out = tmp_path / "plan.json"
-    _launch("--cpu_devices=16", "--mesh=data:16", "--seq_len=64", "--remat=none", f"--out={out}",
-            xla_flags="--xla_force_host_platform_device_count=8")
+    _launch(
+        "--cpu_devices=16",
+        "--mesh=data:16",
+        "--seq_len=64",
+        "--remat=none",
+        f"--out={out}",
+        xla_flags="--xla_force_host_platform_device_count=8",
+    )
     assert json.loads(out.read_text())["setup"]["mesh"] == {"data": 16, "context": 1, "expert": 1}
 
 
@@ -327,14 +390,17 @@ def test_sweep_writes_csv_and_png(tmp_path):
     proc = _launch("--seq_len=64", "--remat=none", "--sweep=data:2,4", f"--out={tmp_path}")
     with open(tmp_path / "sweep.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert [(r["mesh"], int(r["devices"]), int(r["microbatches"])) for r in rows] == [("data:2", 2, 1),
-                                                                                      ("data:4", 4, 1)]
+    assert [(r["mesh"], int(r["devices"]), int(r["microbatches"])) for r in rows] == [
+        ("data:2", 2, 1),
+        ("data:4", 4, 1),
+    ]
     for row, n in zip(rows, (2, 4)):
         point = json.loads((tmp_path / f"plan_data{n}.json").read_text())  # each point's own plan
         assert point["setup"]["devices"] == n and point["setup"]["remat"] == "none"
         assert float(row["projected_mfu"]) == pytest.approx(point["summary"]["projected_mfu"])
         assert float(row["tokens_per_s_per_device"]) == pytest.approx(
-            point["projection"]["projected"]["tokens_per_s_per_device"])
+            point["projection"]["projected"]["tokens_per_s_per_device"]
+        )
     assert (tmp_path / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "wrote" in proc.stdout
     with pytest.raises(ValueError, match="axis name"):
@@ -349,8 +415,9 @@ def test_plan_context_parallel_zigzag():
     config.mesh.context_layout = "zigzag"
     with pytest.raises(ConfigError, match=r"not divisible by mesh.context=2 x 2"):
         plan.planning_config(config, mesh={"data": 4, "context": 2}, seq_len=250)
-    cfg, _ = plan.planning_config(config, mesh={"data": 4, "context": 2}, seq_len=256, remat="none",
-                                  capacity_factor=1.0)
+    cfg, _ = plan.planning_config(
+        config, mesh={"data": 4, "context": 2}, seq_len=256, remat="none", capacity_factor=1.0
+    )
     result = plan.plan(cfg)
     assert result["setup"]["mesh"] == {"data": 4, "context": 2, "expert": 1} and result["fits"]
     assert result["collectives"]["collective-permute"]["count"] > 0

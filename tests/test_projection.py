@@ -8,7 +8,8 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from zaya_jax import projection
 from zaya_jax.cluster import Cluster
@@ -22,8 +23,14 @@ def test_layer_bytes_of_zaya1_base():
     """ZAYA1-base dims (H 2048, C = 10·128 = 1280, R 256, E 16, I 2048) in bf16, cf 1, by hand."""
     m = load_config(os.path.join(REPO, "experiments", "zaya1_base.py")).model
     parts = projection.layer_bytes_per_token(m, 1.0)
-    assert parts == {"norms": 2 * 6 * 2048, "merges": 2 * 10 * 2048, "cca": 12 * 1280 + 4 * 2048 + 6 * 1280,
-                     "router": 36 * 256 + 12 * 17, "dispatch": 8 * 2048, "swiglu": 6 * 2048}
+    assert parts == {
+        "norms": 2 * 6 * 2048,
+        "merges": 2 * 10 * 2048,
+        "cca": 12 * 1280 + 4 * 2048 + 6 * 1280,
+        "router": 36 * 256 + 12 * 17,
+        "dispatch": 8 * 2048,
+        "swiglu": 6 * 2048,
+    }
     assert sum(parts.values()) == 134_860
 
 
@@ -39,9 +46,13 @@ def setup():
         config.train.update(global_batch_size=8, seq_len=64, microbatches=1, grad_reduce_dtype="bfloat16")
     mesh = jax.make_mesh((4, 2), ("data", "expert"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
     sds = lambda shape, spec: jax.ShapeDtypeStruct(shape, jnp.float32, sharding=NamedSharding(mesh, spec))  # noqa
-    params = {"layers": {"moe": {"w_in": sds((2, 4, 16, 32), P(None, "expert"))},  # 4096, EP-sharded
-                         "attn": {"wq": sds((2, 16, 16), P())}},  # 512, replicated
-              "embed": sds((64, 16), P(None, "data"))}  # 1024, stored sharded (the compute copy is not)
+    params = {
+        "layers": {
+            "moe": {"w_in": sds((2, 4, 16, 32), P(None, "expert"))},  # 4096, EP-sharded
+            "attn": {"wq": sds((2, 16, 16), P())},
+        },  # 512, replicated
+        "embed": sds((64, 16), P(None, "data")),
+    }  # 1024, stored sharded (the compute copy is not)
     return config, params
 
 
@@ -78,7 +89,8 @@ def test_hbm_traffic_by_hand(setup):
     # grad 2 + clip 2 + master 8 + bf16 copy 2, + momentum 8 + NS in/out 8 (Muon) or + 2 moments 16 (Adam)
     assert base["optimizer_update"] == pytest.approx(4608 / 8 * (14 + 16) + 1024 / 8 * (14 + 16))
     assert base["newton_schulz_exposed"] == 0 and base["total"] == pytest.approx(
-        sum(v for k, v in base.items() if k not in ("total", "newton_schulz_operands")))
+        sum(v for k, v in base.items() if k not in ("total", "newton_schulz_operands"))
+    )
 
 
 def test_newton_schulz_bytes(setup):
@@ -88,6 +100,6 @@ def test_newton_schulz_bytes(setup):
     operands, exposed = projection.ns_bytes(params, config)  # ridge = inf: nothing hides under compute
     assert operands == exposed == 18 * (steps * (3 * 256 + 4 * 256) + 2 * 256) * 4
     flops = projection.ns_flops(params, config)
-    assert flops == 18 * steps * 6 * 16 ** 3
+    assert flops == 18 * steps * 6 * 16**3
     _, hidden = projection.ns_bytes(params, config, ridge=flops / operands)  # exactly at the ridge
     assert hidden == pytest.approx(0.0, abs=1e-6)

@@ -32,16 +32,22 @@ from zaya_jax.checkpoint.lock import LOCK_NAME, DirLock
 from zaya_jax.config import ConfigError
 from zaya_jax.parallel.mesh import make_mesh
 
-
 # ------------------------------------------------------------------------------------------------ lock
-_HOLDER = "from zaya_jax.checkpoint.lock import DirLock; import sys, time; " \
-          "DirLock({'workdir': sys.argv[1]}, 'train').acquire(); print('held', flush=True); time.sleep(600)"
+_HOLDER = (
+    "from zaya_jax.checkpoint.lock import DirLock; import sys, time; "
+    "DirLock({'workdir': sys.argv[1]}, 'train').acquire(); print('held', flush=True); time.sleep(600)"
+)
 
 
 def test_workdir_lock_refuses_a_live_holder_and_takes_over_a_dead_one(tmp_path):
     workdir = str(tmp_path / "w")
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, workdir], cwd=REPO, stdout=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=REPO))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, workdir],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=REPO),
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(WorkdirLockedError) as err:
@@ -71,9 +77,14 @@ def test_second_trainer_refuses_a_workdir_in_use(tmp_path):
     lock = DirLock({"workdir": workdir}, "train")
     lock.acquire()
     try:
-        proc = subprocess.run([sys.executable, "-m", "launch.train", "--config=experiments/zaya1_tiny.py",
-                               f"--workdir={workdir}"], cwd=REPO, env=env_for(8), capture_output=True, text=True,
-                              timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "launch.train", "--config=experiments/zaya1_tiny.py", f"--workdir={workdir}"],
+            cwd=REPO,
+            env=env_for(8),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         lock.release()
     assert error_problem(proc, "train") is None, proc.stderr[-2000:]
@@ -100,8 +111,11 @@ def test_checksums_match_a_numpy_reference_on_any_mesh():
     from zaya_jax.checkpoint import integrity
 
     rng = np.random.default_rng(0)
-    host = {"a": rng.standard_normal((8, 6)).astype(np.float32), "b": rng.integers(0, 9, (16,)).astype(np.int32),
-            "c": rng.standard_normal((8, 4, 2)).astype(jax.numpy.bfloat16)}
+    host = {
+        "a": rng.standard_normal((8, 6)).astype(np.float32),
+        "b": rng.integers(0, 9, (16,)).astype(np.int32),
+        "c": rng.standard_normal((8, 4, 2)).astype(jax.numpy.bfloat16),
+    }
     mesh = jax.make_mesh((8,), ("data",))
     sharded = {k: jax.device_put(v, jax.NamedSharding(mesh, jax.P("data"))) for k, v in host.items()}
     one = {k: jax.device_put(v, jax.devices()[0]) for k, v in host.items()}
@@ -149,9 +163,24 @@ hb.beat(5, "done")
 
 def _supervise(tmp_path, command: list[str], *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
     workdir = str(tmp_path / "w")
-    proc = subprocess.run([sys.executable, "-m", "launch.supervise", f"--workdir={workdir}", "--poll=0.1",
-                           "--backoff=0.01", *extra, "--", *command], cwd=REPO, env=env_for(None),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.supervise",
+            f"--workdir={workdir}",
+            "--poll=0.1",
+            "--backoff=0.01",
+            *extra,
+            "--",
+            *command,
+        ],
+        cwd=REPO,
+        env=env_for(None),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return proc, read_events(os.path.join(workdir, "events.jsonl"))
 
 
@@ -160,8 +189,9 @@ def test_supervisor_follows_a_trainer_under_a_forking_wrapper(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text(_FAKE)
     wrapper = [sys.executable, "-c", "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"]
-    proc, rows = _supervise(tmp_path, [*wrapper, sys.executable, str(fake), "ok"], "--startup_timeout=2",
-                            "--heartbeat_timeout=2")
+    proc, rows = _supervise(
+        tmp_path, [*wrapper, sys.executable, str(fake), "ok"], "--startup_timeout=2", "--heartbeat_timeout=2"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = rows[-1]
     assert summary["ok"] and summary["restarts"] == 0 and summary["final_step"] == 5, summary
@@ -171,10 +201,14 @@ def test_supervisor_follows_a_trainer_under_a_forking_wrapper(tmp_path):
 def test_supervisor_kills_a_hung_trainer_outside_its_process_group(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text(_FAKE)
-    setsid = [sys.executable, "-c", "import os, subprocess, sys; "
-              "sys.exit(subprocess.call(sys.argv[1:], start_new_session=True))"]
-    proc, rows = _supervise(tmp_path, [*setsid, sys.executable, str(fake), "hang"], "--heartbeat_timeout=2",
-                            "--max_restarts=0")
+    setsid = [
+        sys.executable,
+        "-c",
+        "import os, subprocess, sys; sys.exit(subprocess.call(sys.argv[1:], start_new_session=True))",
+    ]
+    proc, rows = _supervise(
+        tmp_path, [*setsid, sys.executable, str(fake), "hang"], "--heartbeat_timeout=2", "--max_restarts=0"
+    )
     hang = [r for r in rows if r["event"] == "hang_detected"]
     assert proc.returncode == 1 and len(hang) == 1 and hang[0]["last_step"] == 2, proc.stderr[-2000:]
     trainer = next(r["pid"] for r in rows if r["event"] == "save")
@@ -183,8 +217,9 @@ def test_supervisor_kills_a_hung_trainer_outside_its_process_group(tmp_path):
 
 
 def test_supervisor_does_not_restart_bad_input(tmp_path):
-    proc, rows = _supervise(tmp_path, [sys.executable, "-c", f"import sys; sys.exit({EXIT_BAD_INPUT})"],
-                            "--max_restarts=5")
+    proc, rows = _supervise(
+        tmp_path, [sys.executable, "-c", f"import sys; sys.exit({EXIT_BAD_INPUT})"], "--max_restarts=5"
+    )
     assert proc.returncode == EXIT_BAD_INPUT
     assert [r["event"] for r in rows].count("child_start") == 1
     assert any(r["event"] == "give_up" and "bad input" in r["why"] for r in rows)
@@ -197,10 +232,12 @@ def test_check_layout_and_the_elastic_shrink(monkeypatch):
 
     config = tiny_mesh_config(dict(data=-1, expert=1, context=1))
     check_layout(config, dict(data=8, expert=1, context=1))
-    cases = [(dict(global_batch_size=7), dict(data=2, expert=1, context=1), "batch 7 is not divisible"),
-             (dict(batch_ramp=((0, 8), (5, 12))), dict(data=4, expert=2, context=1), "step 5: batch 12"),
-             (dict(microbatches=2), dict(data=8, expert=1, context=1), "train.microbatches 2 = 16"),
-             (dict(seq_len=102), dict(data=2, expert=1, context=4), "seq_len=102 is not divisible by mesh.context=4")]
+    cases = [
+        (dict(global_batch_size=7), dict(data=2, expert=1, context=1), "batch 7 is not divisible"),
+        (dict(batch_ramp=((0, 8), (5, 12))), dict(data=4, expert=2, context=1), "step 5: batch 12"),
+        (dict(microbatches=2), dict(data=8, expert=1, context=1), "train.microbatches 2 = 16"),
+        (dict(seq_len=102), dict(data=2, expert=1, context=4), "seq_len=102 is not divisible by mesh.context=4"),
+    ]
     for train, sizes, message in cases:
         bad = tiny_mesh_config({})
         bad.train.update(train)
@@ -269,9 +306,14 @@ def test_prepare_data_warns_on_binary_and_a_failed_output_does_not_block_the_rer
 def test_an_error_after_a_progress_bar_is_a_line_of_its_own(tmp_path):
     bad = tmp_path / "in.jsonl"
     bad.write_text('{"text": "' + "x" * 5000 + '"}\n{oops\n')
-    proc = subprocess.run([sys.executable, "-m", "launch.prepare_data", f"--input={bad}",
-                           f"--output={tmp_path / 'out'}", "--seq_len=16"], cwd=REPO, env=env_for(None),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.prepare_data", f"--input={bad}", f"--output={tmp_path / 'out'}", "--seq_len=16"],
+        cwd=REPO,
+        env=env_for(None),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert error_problem(proc, "prepare_data") is None, proc.stderr
     assert "prepare out" in proc.stderr  # the bar was shown, and the error line still starts a line
 
@@ -291,9 +333,21 @@ def test_bad_input_gets_one_line(case, context):
 
 
 def test_train_cli_verbose_shows_the_traceback(context):
-    proc = subprocess.run([sys.executable, "-m", "launch.train", "--config=experiments/zaya1_tiny.py",
-                           "--config.train.steps=-5", f"--workdir={context.root}/v", "--verbose"], cwd=REPO,
-                          env=env_for(8), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.train",
+            "--config=experiments/zaya1_tiny.py",
+            "--config.train.steps=-5",
+            f"--workdir={context.root}/v",
+            "--verbose",
+        ],
+        cwd=REPO,
+        env=env_for(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == EXIT_BAD_INPUT and "Traceback" in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == "train: error: train.steps=-5 must be an integer >= 1"
-

@@ -18,8 +18,14 @@ SCRIPTS = ("env.sh", "node.sh", "train.sbatch")
 
 def _bash(script: str, env: dict[str, str] | None = None, *args: str) -> subprocess.CompletedProcess:
     base = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
-    return subprocess.run(["bash", "-c", script, "bash", *args], cwd=REPO, env={**base, **(env or {})},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", "-c", script, "bash", *args],
+        cwd=REPO,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -29,33 +35,48 @@ def test_script_parses(name):
 
 
 def test_env_defaults_and_overrides():
-    show = 'source launch/rocm/env.sh; echo "$JAX_LOCAL_DEVICE_IDS|$NCCL_IB_HCA|$XLA_PYTHON_CLIENT_MEM_FRACTION|$XLA_FLAGS"'
+    show = (
+        "source launch/rocm/env.sh; "
+        'echo "$JAX_LOCAL_DEVICE_IDS|$NCCL_IB_HCA|$XLA_PYTHON_CLIENT_MEM_FRACTION|$XLA_FLAGS"'
+    )
     ids, hca, frac, xla = _bash(show).stdout.strip().split("|")
     assert ids == "0,1,2,3,4,5,6,7" and hca.startswith("ionic_0,") and frac == ".97"
     assert "--xla_gpu_enable_latency_hiding_scheduler=true" in xla
-    ids, hca, _, xla = _bash(show, {"GPUS_PER_NODE": "4", "NCCL_IB_HCA": "mlx5_0",
-                                    "XLA_FLAGS": "--xla_dump_to=/tmp/x"}).stdout.strip().split("|")
+    ids, hca, _, xla = (
+        _bash(show, {"GPUS_PER_NODE": "4", "NCCL_IB_HCA": "mlx5_0", "XLA_FLAGS": "--xla_dump_to=/tmp/x"})
+        .stdout.strip()
+        .split("|")
+    )
     assert ids == "0,1,2,3" and hca == "mlx5_0" and xla.startswith("--xla_dump_to=/tmp/x ")
 
 
 def test_env_xla_flags_are_known_to_this_xla():
     code = "import jax; print(len(jax.devices()))"
-    proc = _bash(f'source launch/rocm/env.sh; JAX_PLATFORMS=cpu {shlex.quote(sys.executable)} -c {shlex.quote(code)}')
+    proc = _bash(f"source launch/rocm/env.sh; JAX_PLATFORMS=cpu {shlex.quote(sys.executable)} -c {shlex.quote(code)}")
     assert proc.returncode == 0 and "Unknown flag" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_node_command_is_a_supervised_trainer_with_per_node_state():
-    proc = _bash('launch/rocm/node.sh "$@"', {"ZAYA_DRY_RUN": "1", "SLURM_NODEID": "3"},
-                 "experiments/zaya1_base.py:phase1", "/shared/run", "--config.train.steps=5")
+    proc = _bash(
+        'launch/rocm/node.sh "$@"',
+        {"ZAYA_DRY_RUN": "1", "SLURM_NODEID": "3"},
+        "experiments/zaya1_base.py:phase1",
+        "/shared/run",
+        "--config.train.steps=5",
+    )
     assert proc.returncode == 0, proc.stderr
     argv = shlex.split(proc.stdout)
     split = argv.index("--")
-    sup, trainer = argv[:split], argv[split + 1:]
+    sup, trainer = argv[:split], argv[split + 1 :]
     assert sup[:3] == ["python", "-m", "launch.supervise"]
     assert "--workdir=/shared/run/nodes/3" in sup and "--checkpoint_dir=/shared/run/checkpoints" in sup
     assert trainer[:3] == ["python", "-m", "launch.train"]
-    for flag in ("--config=experiments/zaya1_base.py:phase1", "--workdir=/shared/run",
-                 "--config.checkpoint.dir=/shared/run/checkpoints", "--config.train.steps=5"):
+    for flag in (
+        "--config=experiments/zaya1_base.py:phase1",
+        "--workdir=/shared/run",
+        "--config.checkpoint.dir=/shared/run/checkpoints",
+        "--config.train.steps=5",
+    ):
         assert flag in trainer, (flag, trainer)
 
 
@@ -63,8 +84,7 @@ def test_sbatch_starts_one_node_script_per_node(tmp_path):
     fake = tmp_path / "srun"  # stands in for SLURM's srun: records its arguments
     fake.write_text('#!/bin/bash\nprintf "%s\\n" "$@" > "$SRUN_LOG"\n')
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SRUN_LOG": str(tmp_path / "srun.log"),
-           "SLURM_SUBMIT_DIR": REPO}
+    env = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SRUN_LOG": str(tmp_path / "srun.log"), "SLURM_SUBMIT_DIR": REPO}
     workdir = str(tmp_path / "run")
     proc = _bash('launch/rocm/train.sbatch "$@"', env, "experiments/zaya1_tiny.py", workdir, "--config.train.steps=5")
     assert proc.returncode == 0, proc.stderr

@@ -32,23 +32,47 @@ EXPECTED = {
     # [L=2, kv_groups=2]: data on L; context fits only the second dim; expert fits nowhere
     "layers/attn/temp": (P(None, None), P(None, None), P("data", "context"), P("data", "context")),
     # [L=2, taps=2, 96]: data on L, then the larger matrix dim (96) takes context and expert
-    "layers/attn/conv1_w": (P(None, None, None), P(None, None, None), P("data", None, ("context", "expert")),
-                            P("data", None, ("context", "expert"))),
+    "layers/attn/conv1_w": (
+        P(None, None, None),
+        P(None, None, None),
+        P("data", None, ("context", "expert")),
+        P("data", None, ("context", "expert")),
+    ),
     # [L=2, H=64, q=64]
-    "layers/attn/wq": (P(None, None, None), P(None, "data", None), P("data", ("context", "expert"), None),
-                       P("context", ("data", "expert"), None)),
+    "layers/attn/wq": (
+        P(None, None, None),
+        P(None, "data", None),
+        P("data", ("context", "expert"), None),
+        P("context", ("data", "expert"), None),
+    ),
     # [L=2, q=64, H=64]: fsdp puts data on the hidden (last) dim
-    "layers/attn/wo": (P(None, None, None), P(None, None, "data"), P("data", ("context", "expert"), None),
-                       P("context", "expert", "data")),
+    "layers/attn/wo": (
+        P(None, None, None),
+        P(None, None, "data"),
+        P("data", ("context", "expert"), None),
+        P("context", "expert", "data"),
+    ),
     # [L=2, E=4, H=64, 2I=128]: experts over expert; the rest spreads on L then E
-    "layers/moe/w_in": (P(None, "expert", None, None), P(None, "expert", "data", None),
-                        P("data", ("expert", "context"), None, None), P("context", "expert", "data", None)),
+    "layers/moe/w_in": (
+        P(None, "expert", None, None),
+        P(None, "expert", "data", None),
+        P("data", ("expert", "context"), None, None),
+        P("context", "expert", "data", None),
+    ),
     # [L=2, E=4, I=64, H=64]
-    "layers/moe/w_out": (P(None, "expert", None, None), P(None, "expert", None, "data"),
-                         P("data", ("expert", "context"), None, None), P("context", "expert", None, "data")),
+    "layers/moe/w_out": (
+        P(None, "expert", None, None),
+        P(None, "expert", None, "data"),
+        P("data", ("expert", "context"), None, None),
+        P("context", "expert", None, "data"),
+    ),
     # [L=2, R=16, classes=5]
-    "layers/moe/router/w3": (P(None, None, None), P(None, None, None), P("data", ("context", "expert"), None),
-                             P("data", ("context", "expert"), None)),
+    "layers/moe/router/w3": (
+        P(None, None, None),
+        P(None, None, None),
+        P("data", ("context", "expert"), None),
+        P("data", ("context", "expert"), None),
+    ),
 }
 
 
@@ -74,8 +98,10 @@ def _norm(spec: P) -> tuple:
     return tuple(out)
 
 
-@pytest.mark.parametrize("mode,kind,col", [("zero1", "param", 0), ("replicated", "param", 0), ("fsdp", "param", 1),
-                                           ("zero1", "opt", 2), ("fsdp", "opt", 3)])
+@pytest.mark.parametrize(
+    "mode,kind,col",
+    [("zero1", "param", 0), ("replicated", "param", 0), ("fsdp", "param", 1), ("zero1", "opt", 2), ("fsdp", "opt", 3)],
+)
 def test_specs_of_listed_leaves(setup, mode, kind, col):
     mesh, params = setup
     specs = _named_leaves(sharding.tree_specs(params, mesh, mode, kind))

@@ -125,8 +125,9 @@ def test_hardware_table():
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launch.check_sizing", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "launch.check_sizing", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_check_sizing_cli(tmp_path):

@@ -26,8 +26,8 @@ def read_scalars(event_dir: str) -> dict[str, dict[int, float]]:
             data = f.read()
         pos = 0
         while pos < len(data):
-            (length,) = struct.unpack("<Q", data[pos:pos + 8])
-            event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+            (length,) = struct.unpack("<Q", data[pos : pos + 8])
+            event = event_pb2.Event.FromString(data[pos + 12 : pos + 12 + length])
             pos += 12 + length + 4
             for value in event.summary.value:
                 if value.HasField("simple_value"):
@@ -39,11 +39,20 @@ def example_row(layers: int = 3, experts: int = 4) -> dict:
     rng = np.random.default_rng(0)
     load = rng.dirichlet(np.ones(experts + 1), size=layers)
     return {
-        "loss": 2.5, "grad_norm": 0.7, "tokens_per_s": 1234.0, "mfu": 0.2, "lr_muon": 0.02, "lr_adamw": 3e-3,
-        "z_loss": 0.0, "global_batch": 8,
-        "load": load, "bias": rng.normal(size=(layers, experts + 1)),
-        "load_cv": np.array([0.1, 0.9, 0.4]), "dropped_fraction": np.array([0.0, 0.3, 0.1]),
-        "skip_fraction": np.array([0.0, 0.5, 0.0]), "max_min_load_ratio": np.array([1.2, 9.0, 2.0]),
+        "loss": 2.5,
+        "grad_norm": 0.7,
+        "tokens_per_s": 1234.0,
+        "mfu": 0.2,
+        "lr_muon": 0.02,
+        "lr_adamw": 3e-3,
+        "z_loss": 0.0,
+        "global_batch": 8,
+        "load": load,
+        "bias": rng.normal(size=(layers, experts + 1)),
+        "load_cv": np.array([0.1, 0.9, 0.4]),
+        "dropped_fraction": np.array([0.0, 0.3, 0.1]),
+        "skip_fraction": np.array([0.0, 0.5, 0.0]),
+        "max_min_load_ratio": np.array([1.2, 9.0, 2.0]),
     }
 
 
@@ -132,8 +141,7 @@ def test_heatmap_png(tmp_path):
     load = np.full((2, 5), 0.25)
     load[:, -1] = 0.0
     skewed = np.array([[0.7, 0.1, 0.1, 0.1, 0.0], [0.2, 0.2, 0.2, 0.2, 0.2]])
-    rows = [{"step": 10, "load": load.tolist()}, {"step": 10, "eval_loss": 2.0},
-            {"step": 20, "load": skewed.tolist()}]
+    rows = [{"step": 10, "load": load.tolist()}, {"step": 10, "eval_loss": 2.0}, {"step": 20, "load": skewed.tolist()}]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     steps, rel = health.load_matrix(health.read_rows(str(path)))
     np.testing.assert_array_equal(steps, [10, 20])
@@ -145,7 +153,6 @@ def test_heatmap_png(tmp_path):
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     (tmp_path / "empty.jsonl").write_text(json.dumps({"step": 1, "eval_loss": 2.0}) + "\n")
     assert health.plot_load_heatmap(str(tmp_path / "empty.jsonl"), str(tmp_path / "y.png")) is None
-
 
 
 def test_resumed_writer_keeps_one_row_per_step_and_the_last_loss(tmp_path):

@@ -83,8 +83,10 @@ def test_hlo_has_all_to_all_and_no_expert_weight_all_gather():
     _, compiled = _compiled_step(config)
     hlo = compiled.as_text()
     assert re.search(r"\ball-to-all\b", hlo), "expert tokens must move with all-to-all"
-    full_expert = [(m.num_experts, m.hidden_size, 2 * m.moe_intermediate_size),
-                   (m.num_experts, m.moe_intermediate_size, m.hidden_size)]
+    full_expert = [
+        (m.num_experts, m.hidden_size, 2 * m.moe_intermediate_size),
+        (m.num_experts, m.moe_intermediate_size, m.hidden_size),
+    ]
     for line in hlo.splitlines():
         if "all-gather" not in line or "=" not in line:
             continue

@@ -83,14 +83,17 @@ def references():
     return out
 
 
-@pytest.mark.parametrize("data,expert,remat", [(1, 1, "none"), (8, 1, "none"), (4, 2, "full"), (2, 4, "none"),
-                                               (3, 1, "full"), (6, 1, "none")])
+@pytest.mark.parametrize(
+    "data,expert,remat",
+    [(1, 1, "none"), (8, 1, "none"), (4, 2, "full"), (2, 4, "none"), (3, 1, "full"), (6, 1, "none")],
+)
 def test_zero1_gradients_equal_single_device_dense(references, data, expert, remat):
     """remat=full: the layers' gradients are accumulated inside the backward pass (train.accumulate)."""
     config = _config(data, expert, remat=remat)
     mesh, training = _setup(config)
     loss, grads, counts, dropped = jax.device_get(
-        make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, _batch(config)))
+        make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, _batch(config))
+    )
     ref_loss, ref_grads, ref_counts, _ = references[config.train.global_batch_size]
     assert rel_err(loss, ref_loss) <= 1e-5
     assert_trees_close(grads, ref_grads, 1e-5, f"mesh {data}x{expert}")
@@ -110,7 +113,8 @@ def test_zero1_gradients_with_context_parallelism():
     batch = _batch(reference)
     ref_loss, ref_grads, ref_counts, _ = mean_loss_and_grads(reference, jax.devices()[:1], batch)
     loss, grads, counts, dropped = jax.device_get(
-        make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, batch))
+        make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, batch)
+    )
     assert rel_err(loss, ref_loss) <= 1e-5
     assert_trees_close(grads, ref_grads, 1e-5, "context x expert")
     np.testing.assert_array_equal(counts, ref_counts)
@@ -129,6 +133,7 @@ def _train(config, steps: int = 2):
 def test_zero1_updates_equal_single_device_optimizer(data, expert):
     """Two steps of distributed Muon + AdamW (owner slots, flat shards, clipping over all devices) equal the
     per-parameter optax optimizer on one device: same losses, same parameters and optimizer state."""
+
     def config_for(d, e, sharding):
         config = _config(d, e)
         config.optimizer.update(schedule="constant", warmup_steps=0, grad_clip_norm=0.05)  # clipping active
@@ -149,6 +154,7 @@ def test_zero1_updates_equal_single_device_optimizer(data, expert):
 def test_auto_dispatch_drops_nothing_when_the_router_is_skewed():
     """data:8, `auto`: every token routed to expert 0 by the balancing bias — nothing is dropped (per-device
     dropless GEMMs); the capacity dispatch on the same batch would drop."""
+
     def skewed(dispatch):
         config = _config(8, dispatch=dispatch, capacity_factor=1.0)
         config.balancing.enabled = False
@@ -229,8 +235,9 @@ def test_no_collective_inside_newton_schulz(odd_hlo):
 def test_gradients_are_reduce_scattered_not_all_reduced(odd_hlo):
     stats = hlo_stats.analyze(odd_hlo, 8)
     assert stats.collectives["reduce-scatter"].count >= 1 and stats.collectives["all-gather"].count >= 1
-    params = sum(x.size for x in jax.tree.leaves(nnx.state(abstract_model(_config(8, num_layers=3,
-                                                                                   num_experts=3).model))))
+    params = sum(
+        x.size for x in jax.tree.leaves(nnx.state(abstract_model(_config(8, num_layers=3, num_experts=3).model)))
+    )
     all_reduce = stats.collectives.get("all-reduce")
     assert all_reduce is None or all_reduce.operand_bytes < 0.01 * 4 * params  # loss sums, counts, norm only
 
@@ -259,6 +266,6 @@ def test_every_dot_of_the_bf16_step_takes_bf16_operands():
     text = _lowered(config)[0].as_text()
     operands = re.findall(r"stablehlo\.dot_general.*?:\s*\(tensor<([^>]*)>, tensor<([^>]*)>\)", text)
     assert len(operands) > 20
-    assert all(a.endswith("bf16") and b.endswith("bf16") for a, b in operands), \
-        [o for o in operands if not (o[0].endswith("bf16") and o[1].endswith("bf16"))][:5]
-
+    assert all(a.endswith("bf16") and b.endswith("bf16") for a, b in operands), [
+        o for o in operands if not (o[0].endswith("bf16") and o[1].endswith("bf16"))
+    ][:5]

@@ -92,8 +92,10 @@ class Cluster:
 
     def __post_init__(self):
         if self.gpus_per_node < 1 or self.xgmi_links < self.gpus_per_node - 1:
-            raise ValueError(f"cluster: {self.gpus_per_node} GPUs per node need >= {self.gpus_per_node - 1} "
-                             f"xGMI links per GPU for a fully connected node, got {self.xgmi_links}")
+            raise ValueError(
+                f"cluster: {self.gpus_per_node} GPUs per node need >= {self.gpus_per_node - 1} "
+                f"xGMI links per GPU for a fully connected node, got {self.xgmi_links}"
+            )
 
     @property
     def link(self) -> float:

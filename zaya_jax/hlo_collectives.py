@@ -29,8 +29,15 @@ import numpy as np
 
 from zaya_jax.hlo_text import ARRAY, DTYPE_BYTES, Instr, shape_bytes
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-               "ragged-all-to-all", "collective-broadcast")
+COLLECTIVES = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+    "ragged-all-to-all",
+    "collective-broadcast",
+)
 # bytes a device puts on its links per byte of the collective's per-device operand S (busbw convention of
 # arXiv 2511.17127 §5 style collective benchmarks): ring all-reduce 2(n-1)/n·S; all-gather (n-1)·S_in (=
 # (n-1)/n of the gathered output); reduce-scatter / all-to-all (n-1)/n·S; point-to-point S
@@ -155,8 +162,9 @@ def _converted_to(name: str, dtype: str, instrs: list[Instr], comps: dict[str, l
             ok = _dtype(user) == dtype
         elif user.opcode == "fusion" and (callee := re.search(r"calls=%?([\w.\-]+)", user.attrs)):
             body = comps.get(callee.group(1), [])
-            param = next((i.name for i in body if i.opcode == "parameter" and i.args == str(user.operands.index(via))),
-                         None)
+            param = next(
+                (i.name for i in body if i.opcode == "parameter" and i.args == str(user.operands.index(via))), None
+            )
             ok = param is not None and _converted_to(param, dtype, body, comps)
         else:
             ok = False
@@ -165,8 +173,9 @@ def _converted_to(name: str, dtype: str, instrs: list[Instr], comps: dict[str, l
     return bool(users)
 
 
-def payload_bytes(collective: Instr, operand: str, by_name: dict[str, Instr], comps: dict[str, list[Instr]],
-                   instrs: list[Instr]) -> float:
+def payload_bytes(
+    collective: Instr, operand: str, by_name: dict[str, Instr], comps: dict[str, list[Instr]], instrs: list[Instr]
+) -> float:
     """Bytes of a collective operand in the dtype its values really have. XLA:CPU widens bf16 collectives to
     f32 (convert → collective → convert back), an accelerator does not: an operand that a widening `convert`
     produced from a narrower float and whose result is only ever converted back counts in that dtype."""

@@ -31,12 +31,30 @@ import re
 from collections import defaultdict
 from typing import Callable
 
-from zaya_jax.hlo_collectives import (COLLECTIVES, WIRE_FACTOR, CollectiveOp, CollectiveStats, parse_groups,
-                                      payload_bytes)
+from zaya_jax.hlo_collectives import (
+    COLLECTIVES,
+    WIRE_FACTOR,
+    CollectiveOp,
+    CollectiveStats,
+    parse_groups,
+    payload_bytes,
+)
 from zaya_jax.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
 
-__all__ = ["COLLECTIVES", "DTYPE_BYTES", "WIRE_FACTOR", "CollectiveOp", "CollectiveStats", "HloStats", "Instr",
-           "analyze", "parse_computations", "shape_bytes", "shape_dims"]
+__all__ = [
+    "COLLECTIVES",
+    "DTYPE_BYTES",
+    "WIRE_FACTOR",
+    "CollectiveOp",
+    "CollectiveStats",
+    "HloStats",
+    "Instr",
+    "analyze",
+    "parse_computations",
+    "shape_bytes",
+    "shape_dims",
+]
+
 
 @dataclasses.dataclass
 class HloStats:
@@ -67,8 +85,11 @@ def _trip_count(instr: Instr, comps: dict[str, list[Instr]]) -> int | None:
     if m:
         return int(m.group(1))
     cond = re.search(r"condition=%?([\w.\-]+)", instr.attrs)  # fallback: the loop bound in the condition
-    consts = [int(i.args) for i in comps.get(cond.group(1) if cond else "", [])
-              if i.opcode == "constant" and i.args.isdigit() and i.shape.startswith(("s32[]", "s64[]"))]
+    consts = [
+        int(i.args)
+        for i in comps.get(cond.group(1) if cond else "", [])
+        if i.opcode == "constant" and i.args.isdigit() and i.shape.startswith(("s32[]", "s64[]"))
+    ]
     return max(consts) if consts else None
 
 
@@ -106,8 +127,21 @@ def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
     return 2.0 * out * math.prod(kernel) / kernel[o_dim]
 
 
-_NO_TRAFFIC = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all",
-                         "partition-id", "replica-id", "while", "call", "conditional"})
+_NO_TRAFFIC = frozenset(
+    {
+        "parameter",
+        "constant",
+        "get-tuple-element",
+        "tuple",
+        "bitcast",
+        "after-all",
+        "partition-id",
+        "replica-id",
+        "while",
+        "call",
+        "conditional",
+    }
+)
 _SLICES = ("dynamic-slice", "slice", "gather")
 
 
@@ -216,8 +250,14 @@ def _most_expensive(branches: list[_Cost], wire: Callable[[_Cost], float]) -> _C
         return _Cost()
     top = max(branches, key=lambda b: b.flops)
     comm = max(branches, key=lambda b: (wire(b), b.flops))
-    return _Cost(top.flops, max(b.flops_once for b in branches), max(b.traffic for b in branches),
-                 max(b.traffic_once for b in branches), defaultdict(float, top.by_tag), defaultdict(float, comm.ops))
+    return _Cost(
+        top.flops,
+        max(b.flops_once for b in branches),
+        max(b.traffic for b in branches),
+        max(b.traffic_once for b in branches),
+        defaultdict(float, top.by_tag),
+        defaultdict(float, comm.ops),
+    )
 
 
 def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodiff_tag) -> HloStats:
@@ -225,8 +265,13 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
     splits the dot FLOPs (an instruction without metadata inherits its calling fusion's op_name)."""
     comps, entry = parse_computations(text)
     caller_op = _caller_op_names(comps)
-    fused = {c for instrs in comps.values() for i in instrs for c, _ in _callees(i, comps)
-             if i.opcode not in ("while", "call", "conditional")}
+    fused = {
+        c
+        for instrs in comps.values()
+        for i in instrs
+        for c, _ in _callees(i, comps)
+        if i.opcode not in ("while", "call", "conditional")
+    }
     ops: dict[str, CollectiveOp] = {}
     trips: dict[str, int] = {}
     unknown: set[str] = set()
@@ -278,6 +323,15 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         stats.count += int(round(runs))
         stats.operand_bytes += runs * op.operand_bytes
         stats.wire_bytes += runs * op.wire_bytes
-    return HloStats(run.flops, run.flops_once, dict(run.by_tag), run.traffic, run.traffic_once, coll, trips,
-                    len(unknown), sum(len(v) for v in comps.values()),
-                    [(ops[key], runs) for key, runs in run.ops.items()])
+    return HloStats(
+        run.flops,
+        run.flops_once,
+        dict(run.by_tag),
+        run.traffic,
+        run.traffic_once,
+        coll,
+        trips,
+        len(unknown),
+        sum(len(v) for v in comps.values()),
+        [(ops[key], runs) for key, runs in run.ops.items()],
+    )

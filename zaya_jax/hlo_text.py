@@ -9,8 +9,25 @@ import dataclasses
 import math
 import re
 
-DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4, "u32": 4,
-               "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16, "s4": 0.5, "u4": 0.5}
+DTYPE_BYTES = {
+    "pred": 1,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
+    "s4": 0.5,
+    "u4": 0.5,
+}
 
 _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
@@ -67,7 +84,7 @@ def _parse_instr(line: str) -> Instr | None:
     if not op:
         return None
     end = _balanced(rest, op.end() - 1)
-    args = rest[op.end():end - 1]
+    args = rest[op.end() : end - 1]
     return Instr(name, shape, op.group(1), NAME.findall(args), rest[end:], args, line.lstrip().startswith("ROOT"))
 
 
@@ -102,13 +119,15 @@ def widened_parameter_bytes(text: str) -> float:
     """
     comps, entry = parse_computations(text)
     params = {i.name: i.shape for i in comps.get(entry, []) if i.opcode == "parameter"}
-    converts = {name for name, instrs in comps.items()
-                if [i.opcode for i in instrs if i.opcode != "parameter"] == ["convert"]}
+    converts = {
+        name for name, instrs in comps.items() if [i.opcode for i in instrs if i.opcode != "parameter"] == ["convert"]
+    }
     total = 0.0
     for instrs in comps.values():
         for i in instrs:
-            is_convert = i.opcode == "convert" or (i.opcode == "fusion" and any(
-                f"calls=%{c}" in i.attrs or f"calls={c}" in i.attrs for c in converts))
+            is_convert = i.opcode == "convert" or (
+                i.opcode == "fusion" and any(f"calls=%{c}" in i.attrs or f"calls={c}" in i.attrs for c in converts)
+            )
             if not is_convert or len(i.operands) != 1 or i.operands[0] not in params:
                 continue
             source = params[i.operands[0]]

@@ -54,8 +54,13 @@ def wanted(env: dict[str, str] | None = None) -> bool:
     """Whether the tunable should be added: glibc ≥ 2.35, a CPU-only host, not disabled, not already set."""
     env = os.environ if env is None else env
     version = glibc_version()
-    return (version is not None and version >= MIN_GLIBC and cpu_only_host(env)
-            and env.get(DISABLE_ENV, "0") in ("", "0") and not huge_pages_active(env))
+    return (
+        version is not None
+        and version >= MIN_GLIBC
+        and cpu_only_host(env)
+        and env.get(DISABLE_ENV, "0") in ("", "0")
+        and not huge_pages_active(env)
+    )
 
 
 def huge_page_env(env: dict[str, str] | None = None) -> dict[str, str]:

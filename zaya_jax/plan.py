@@ -62,11 +62,19 @@ def parse_mesh(text: str) -> dict[str, int]:
     return parse_mesh_spec(text)
 
 
-def planning_config(config: ml_collections.ConfigDict, *, mesh: dict[str, int] | None = None,
-                    seq_len: int | None = None, batch_per_device: int = 1, microbatches: int | None = None,
-                    remat: str | None = None, param_sharding: str | None = None, dispatch: str | None = "auto",
-                    capacity_factor: float | None = None, num_devices: int | None = None
-                    ) -> tuple[ml_collections.ConfigDict, list[str]]:
+def planning_config(
+    config: ml_collections.ConfigDict,
+    *,
+    mesh: dict[str, int] | None = None,
+    seq_len: int | None = None,
+    batch_per_device: int = 1,
+    microbatches: int | None = None,
+    remat: str | None = None,
+    param_sharding: str | None = None,
+    dispatch: str | None = "auto",
+    capacity_factor: float | None = None,
+    num_devices: int | None = None,
+) -> tuple[ml_collections.ConfigDict, list[str]]:
     """A copy of `config` set up for planning, and notes on what was changed.
 
     The global batch is `batch_per_device` sequences per batch shard (data × expert) per micro-batch.
@@ -119,8 +127,10 @@ def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = N
     devices = list(devices if devices is not None else jax.devices())
     need = math.prod(int(config.mesh[a]) for a in AXES)
     if need > len(devices):
-        raise ValueError(f"mesh {dict(config.mesh)} needs {need} devices, {len(devices)} available "
-                         "(emulate more with --cpu_devices=N)")
+        raise ValueError(
+            f"mesh {dict(config.mesh)} needs {need} devices, {len(devices)} available "
+            "(emulate more with --cpu_devices=N)"
+        )
     mesh = make_mesh(config, devices[:need])
     training = prepare_abstract(config, mesh)
     with jax.set_mesh(mesh):
@@ -163,10 +173,17 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     attn_fwd_full = square * attn_square
     expert_fwd = 2 * nl * 3 * h * i
     layers_fwd = 2 * (active_matmul_params(m) - m.vocab_size * h) + expert_fwd * (cf - 1) + attn_fwd_full
-    recompute = choice_table(REMAT_POLICIES, {
-        "none": 0.0, "dots": 0.0, "full": layers_fwd,
-        "dots_no_batch": attn_fwd_full + expert_fwd * cf
-        + 2 * nl * m.cca_time1 * (m.num_q_heads + m.num_kv_heads) * m.head_dim ** 2})[m.remat]
+    recompute = choice_table(
+        REMAT_POLICIES,
+        {
+            "none": 0.0,
+            "dots": 0.0,
+            "full": layers_fwd,
+            "dots_no_batch": attn_fwd_full
+            + expert_fwd * cf
+            + 2 * nl * m.cca_time1 * (m.num_q_heads + m.num_kv_heads) * m.head_dim**2,
+        },
+    )[m.remat]
     out = {
         "model": train_flops_per_token(m, seq) * tokens,
         "attention_masked_half": 3 * (square - 0.5) * attn_square * tokens,
@@ -192,8 +209,15 @@ def _memory(compiled) -> dict[str, float]:
     return out
 
 
-def _projections(config: ml_collections.ConfigDict, stats: hlo_stats.HloStats, analytic: dict[str, float],
-                 params: Any, n: int, hw: sizing.Hardware, cluster: cluster_lib.Cluster) -> dict:
+def _projections(
+    config: ml_collections.ConfigDict,
+    stats: hlo_stats.HloStats,
+    analytic: dict[str, float],
+    params: Any,
+    n: int,
+    hw: sizing.Hardware,
+    cluster: cluster_lib.Cluster,
+) -> dict:
     """The compiled step projected on `cluster` (`projected`), the same layout at the ZeRO-1 minimum with
     balanced Newton–Schulz and analytic FLOPs (`ideal`), the analytic HBM bytes and collective minimum."""
     t, ns = config.train, analytic["muon_newton_schulz"]
@@ -205,20 +229,49 @@ def _projections(config: ml_collections.ConfigDict, stats: hlo_stats.HloStats, a
     ideal_traffic = projection.hbm_traffic(config, params, n, cf, 1.0 / n, ridge)
     minimum, minimum_time = projection.zero1_minimum(config, params, n, cluster)
     priced = cluster_lib.price(cluster, stats.collective_ops)
-    projected = projection.project(executed_flops=stats.dot_flops, model_flops=model, tokens=tokens,
-                                   hbm_bytes=traffic["total"], collectives=priced, hw=hw, cluster=cluster)
-    ideal = projection.project(executed_flops=analytic["hardware"] / n, model_flops=model, tokens=tokens,
-                               hbm_bytes=ideal_traffic["total"], collectives=minimum_time, hw=hw, cluster=cluster)
-    return {"hardware": hw.name, "peak_flops": hw.peak_bf16_flops, "hbm_bandwidth": hw.hbm_bandwidth,
-            "cluster": dataclasses.asdict(cluster), "assumptions": cluster.describe() + projection.describe(),
-            "hbm_bytes": traffic, "hbm_bytes_ideal": ideal_traffic,
-            "xla_cpu_hbm_bytes_upper_bound": stats.hbm_bytes,
-            "xla_cpu_memory_s_upper_bound": stats.hbm_bytes / (hw.hbm_bandwidth * cluster.hbm_efficiency),
-            "zero1_minimum_wire_bytes": minimum, "projected": projected, "ideal": ideal}
+    projected = projection.project(
+        executed_flops=stats.dot_flops,
+        model_flops=model,
+        tokens=tokens,
+        hbm_bytes=traffic["total"],
+        collectives=priced,
+        hw=hw,
+        cluster=cluster,
+    )
+    ideal = projection.project(
+        executed_flops=analytic["hardware"] / n,
+        model_flops=model,
+        tokens=tokens,
+        hbm_bytes=ideal_traffic["total"],
+        collectives=minimum_time,
+        hw=hw,
+        cluster=cluster,
+    )
+    return {
+        "hardware": hw.name,
+        "peak_flops": hw.peak_bf16_flops,
+        "hbm_bandwidth": hw.hbm_bandwidth,
+        "cluster": dataclasses.asdict(cluster),
+        "assumptions": cluster.describe() + projection.describe(),
+        "hbm_bytes": traffic,
+        "hbm_bytes_ideal": ideal_traffic,
+        "xla_cpu_hbm_bytes_upper_bound": stats.hbm_bytes,
+        "xla_cpu_memory_s_upper_bound": stats.hbm_bytes / (hw.hbm_bandwidth * cluster.hbm_efficiency),
+        "zero1_minimum_wire_bytes": minimum,
+        "projected": projected,
+        "ideal": ideal,
+    }
 
 
-def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster: cluster_lib.Cluster | None = None,
-         usable_fraction: float = 0.95, devices: list | None = None, fast_compile: bool = True) -> dict:
+def plan(
+    config: ml_collections.ConfigDict,
+    *,
+    hardware: str = "mi300x",
+    cluster: cluster_lib.Cluster | None = None,
+    usable_fraction: float = 0.95,
+    devices: list | None = None,
+    fast_compile: bool = True,
+) -> dict:
     """Compile the train step of `config` (set up with `planning_config`) and report; see the module doc.
 
     Returns a JSON-serialisable dict: setup, memory (per device), flops, collectives, projection, summary
@@ -240,12 +293,18 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
     params_b, opt_b = sharded_bytes(abs_state.params), sharded_bytes(opt)
     mem["cpu_fp32_param_copies"] = hlo_text.widened_parameter_bytes(text)
     mem["peak_without_cpu_copies"] = mem["peak"] - mem["cpu_fp32_param_copies"]
-    memory = {**mem, "params": params_b, "opt_state": opt_b,
-              "other_state": sharded_bytes((abs_state.step, abs_state.biases, abs_state.balancing)),
-              # for reference: all gradients at once in the dtype forward/backward read the parameters in
-              "gradients_unsharded": sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
-                                         for x in jax.tree.leaves(abs_state.params)),
-              "capacity": hw.memory_bytes, "usable": usable_fraction * hw.memory_bytes}
+    memory = {
+        **mem,
+        "params": params_b,
+        "opt_state": opt_b,
+        "other_state": sharded_bytes((abs_state.step, abs_state.biases, abs_state.balancing)),
+        # for reference: all gradients at once in the dtype forward/backward read the parameters in
+        "gradients_unsharded": sum(
+            math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(abs_state.params)
+        ),
+        "capacity": hw.memory_bytes,
+        "usable": usable_fraction * hw.memory_bytes,
+    }
     analytic = analytic_flops(config, n, params)
     extras = analytic["attention_masked_half"] + analytic["expert_capacity_padding"] + analytic["remat_recompute"]
     xla_total = stats.dot_flops * n
@@ -253,8 +312,10 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
     flops = {
         "xla_cost_analysis_per_device": cost.get("flops", 0.0),
         "xla_cost_analysis_loop_corrected_per_device": cost.get("flops", 0.0) + stats.dot_flops - stats.dot_flops_once,
-        "hlo_dot_per_device": stats.dot_flops, "hlo_dot_total": xla_total,
-        "hlo_dot_forward_backward": xla_grad, "hlo_dot_optimizer": xla_total - xla_grad,
+        "hlo_dot_per_device": stats.dot_flops,
+        "hlo_dot_total": xla_total,
+        "hlo_dot_forward_backward": xla_grad,
+        "hlo_dot_optimizer": xla_total - xla_grad,
         "analytic": analytic,
         "xla_over_analytic_hardware": xla_total / analytic["hardware"],
         "forward_backward_over_analytic": xla_grad / (analytic["model"] + extras),
@@ -264,30 +325,48 @@ def plan(config: ml_collections.ConfigDict, *, hardware: str = "mi300x", cluster
     flops["xla_model_over_analytic_model"] = flops["xla_model"] / analytic["model"]
     proj = _projections(config, stats, analytic, params, n, hw, cluster or cluster_lib.Cluster())
     proj["xla_cost_bytes_accessed_per_device"] = cost.get("bytes accessed", 0.0)
-    summary = {"executed_over_analytic_hardware_flops": flops["xla_over_analytic_hardware"],
-               "optimizer_over_newton_schulz_flops": flops["optimizer_over_analytic_ns"],
-               "collective_wire_over_zero1_minimum": stats.wire_bytes / proj["zero1_minimum_wire_bytes"]["total"],
-               "projected_mfu": proj["projected"]["mfu"]}
+    summary = {
+        "executed_over_analytic_hardware_flops": flops["xla_over_analytic_hardware"],
+        "optimizer_over_newton_schulz_flops": flops["optimizer_over_analytic_ns"],
+        "collective_wire_over_zero1_minimum": stats.wire_bytes / proj["zero1_minimum_wire_bytes"]["total"],
+        "projected_mfu": proj["projected"]["mfu"],
+    }
     return {
-        "setup": {"mesh": dict(mesh.shape), "devices": n, "seq_len": t.seq_len, "global_batch": t.global_batch_size,
-                  "microbatches": t.microbatches, "tokens_per_step": tokens, "remat": config.model.remat,
-                  "param_sharding": t.param_sharding, "dispatch": config.model.dispatch,
-                  "capacity_factor": config.model.capacity_factor, "num_layers": config.model.num_layers,
-                  "dtype": config.model.dtype, "param_dtype": config.model.param_dtype,
-                  "grad_reduce_dtype": projection.grad_reduce_dtype(config),
-                  "lower_s": t1 - t0, "compile_s": t2 - t1, "fast_compile": fast_compile,
-                  "hlo_chars": len(text), "hlo_instructions": stats.num_instructions,
-                  "loop_trip_counts": sorted(stats.trip_counts.values()),
-                  "unknown_trip_counts": stats.unknown_trip_counts},
-        "memory": memory, "flops": flops, "projection": proj, "summary": summary,
+        "setup": {
+            "mesh": dict(mesh.shape),
+            "devices": n,
+            "seq_len": t.seq_len,
+            "global_batch": t.global_batch_size,
+            "microbatches": t.microbatches,
+            "tokens_per_step": tokens,
+            "remat": config.model.remat,
+            "param_sharding": t.param_sharding,
+            "dispatch": config.model.dispatch,
+            "capacity_factor": config.model.capacity_factor,
+            "num_layers": config.model.num_layers,
+            "dtype": config.model.dtype,
+            "param_dtype": config.model.param_dtype,
+            "grad_reduce_dtype": projection.grad_reduce_dtype(config),
+            "lower_s": t1 - t0,
+            "compile_s": t2 - t1,
+            "fast_compile": fast_compile,
+            "hlo_chars": len(text),
+            "hlo_instructions": stats.num_instructions,
+            "loop_trip_counts": sorted(stats.trip_counts.values()),
+            "unknown_trip_counts": stats.unknown_trip_counts,
+        },
+        "memory": memory,
+        "flops": flops,
+        "projection": proj,
+        "summary": summary,
         "collectives": {k: vars(v) for k, v in sorted(stats.collectives.items())},
-        "collective_bytes_per_device": stats.collective_bytes, "collective_wire_bytes_per_device": stats.wire_bytes,
+        "collective_bytes_per_device": stats.collective_bytes,
+        "collective_wire_bytes_per_device": stats.wire_bytes,
         "fits": mem["peak"] <= memory["usable"],
     }
 
 
-def plan_auto_remat(config: ml_collections.ConfigDict, order: tuple[str, ...] = REMAT_AUTO_ORDER,
-                    **kwargs) -> dict:
+def plan_auto_remat(config: ml_collections.ConfigDict, order: tuple[str, ...] = REMAT_AUTO_ORDER, **kwargs) -> dict:
     """Plan with each remat policy in `order` until one fits; returns that plan (or the last) with
     `remat_auto` = {'chosen': policy or None, 'attempts': [{remat, peak, fits}, ...]}."""
     attempts, result = [], {}
@@ -296,8 +375,14 @@ def plan_auto_remat(config: ml_collections.ConfigDict, order: tuple[str, ...] = 
         with cfg.unlocked():
             cfg.model.remat = policy
         result = plan(cfg, **kwargs)
-        attempts.append({"remat": policy, "peak": result["memory"]["peak"], "fits": result["fits"],
-                         "compile_s": result["setup"]["compile_s"]})
+        attempts.append(
+            {
+                "remat": policy,
+                "peak": result["memory"]["peak"],
+                "fits": result["fits"],
+                "compile_s": result["setup"]["compile_s"],
+            }
+        )
         if result["fits"]:
             break
     result["remat_auto"] = {"chosen": attempts[-1]["remat"] if attempts[-1]["fits"] else None, "attempts": attempts}
@@ -308,8 +393,18 @@ def small_width(config: ml_collections.ConfigDict, seq_len: int = 128) -> ml_col
     """Same depth and structure, tiny width (for compile-time measurements)."""
     cfg = copy.deepcopy(config)
     with cfg.unlocked():
-        cfg.model.update(dict(hidden_size=128, head_dim=32, num_q_heads=4, num_kv_heads=2, moe_intermediate_size=128,
-                              router_hidden_size=32, vocab_size=512, num_experts=max(4, int(cfg.mesh.expert))))
+        cfg.model.update(
+            dict(
+                hidden_size=128,
+                head_dim=32,
+                num_q_heads=4,
+                num_kv_heads=2,
+                moe_intermediate_size=128,
+                router_hidden_size=32,
+                vocab_size=512,
+                num_experts=max(4, int(cfg.mesh.expert)),
+            )
+        )
         cfg.train.seq_len = seq_len
     return cfg
 
@@ -321,9 +416,15 @@ def _with_depth(config: ml_collections.ConfigDict, depth: int) -> ml_collections
     return cfg
 
 
-def compile_scaling(config: ml_collections.ConfigDict, depths: tuple[int, ...] = (8, 40, 80), *,
-                    compile: bool = True, fast_compile: bool = False, warmup: bool = True,
-                    devices: list | None = None) -> dict:
+def compile_scaling(
+    config: ml_collections.ConfigDict,
+    depths: tuple[int, ...] = (8, 40, 80),
+    *,
+    compile: bool = True,
+    fast_compile: bool = False,
+    warmup: bool = True,
+    devices: list | None = None,
+) -> dict:
     """Lower (and compile) the train step at each depth; compile cost must not grow with depth (scanned layers).
 
     Returns {'rows': [{layers, lower_s, stablehlo_chars[, compile_s, hlo_chars, hlo_instructions]}],
@@ -332,7 +433,8 @@ def compile_scaling(config: ml_collections.ConfigDict, depths: tuple[int, ...] =
     rows = []
     if compile and warmup:  # the first compile of a process pays one-time backend set-up: keep it out of the rows
         lower_train_step(_with_depth(config, depths[0]), devices)[0].compile(
-            compiler_options=FAST_COMPILE if fast_compile else None)
+            compiler_options=FAST_COMPILE if fast_compile else None
+        )
     for depth in depths:
         t0 = time.perf_counter()
         lowered, mesh, _ = lower_train_step(_with_depth(config, depth), devices)
@@ -341,9 +443,16 @@ def compile_scaling(config: ml_collections.ConfigDict, depths: tuple[int, ...] =
             t0 = time.perf_counter()
             compiled = lowered.compile(compiler_options=FAST_COMPILE if fast_compile else None)
             text = compiled.as_text()
-            row.update(compile_s=time.perf_counter() - t0, hlo_chars=len(text),
-                       hlo_instructions=hlo_stats.analyze(text, mesh.size).num_instructions)
+            row.update(
+                compile_s=time.perf_counter() - t0,
+                hlo_chars=len(text),
+                hlo_instructions=hlo_stats.analyze(text, mesh.size).num_instructions,
+            )
         rows.append(row)
     keys = [k for k in rows[0] if k != "layers"]
-    return {"rows": rows, "ratios": {k: rows[-1][k] / rows[0][k] for k in keys},
-            "depths": list(depths), "fast_compile": fast_compile}
+    return {
+        "rows": rows,
+        "ratios": {k: rows[-1][k] / rows[0][k] for k in keys},
+        "depths": list(depths),
+        "fast_compile": fast_compile,
+    }

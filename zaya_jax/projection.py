@@ -61,9 +61,9 @@ import ml_collections
 from zaya_jax import sizing
 from zaya_jax.cluster import Cluster, Stage
 from zaya_jax.config import CONTEXT_CHUNKS
+from zaya_jax.keys import leaf_name
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.moe import capacity
-from zaya_jax.keys import leaf_name
 from zaya_jax.train import optimizer as optimizer_lib
 
 NS_DTYPE_BYTES = 4  # Newton–Schulz iterates in fp32 (`train.optimizer.orthogonalize`)
@@ -99,7 +99,7 @@ def ns_flops(params: Any, config: ml_collections.ConfigDict) -> float:
     """Needed Newton–Schulz FLOPs per step (every Muon matrix once): per [m ≤ n] matrix and iteration X·Xᵀ
     (2m²n), A·A (2m³) and (bA + cA²)·X (2m²n)."""
     steps = int(config.optimizer.muon_ns_steps)
-    return float(sum(c * steps * (4 * m * m * n + 2 * m ** 3) for c, m, n in muon_matrices(params, config)))
+    return float(sum(c * steps * (4 * m * m * n + 2 * m**3) for c, m, n in muon_matrices(params, config)))
 
 
 def ns_bytes(params: Any, config: ml_collections.ConfigDict, ridge: float = math.inf) -> tuple[float, float]:
@@ -110,7 +110,7 @@ def ns_bytes(params: Any, config: ml_collections.ConfigDict, ridge: float = math
     for c, m, n in muon_matrices(params, config):
         nbytes = (steps * (3 * m * n + 4 * m * m) + 2 * m * n) * NS_DTYPE_BYTES
         operands += c * nbytes
-        exposed += c * max(0.0, nbytes - steps * (4 * m * m * n + 2 * m ** 3) / ridge)
+        exposed += c * max(0.0, nbytes - steps * (4 * m * m * n + 2 * m**3) / ridge)
     return operands, exposed
 
 
@@ -118,26 +118,39 @@ def layer_bytes_per_token(m: ml_collections.ConfigDict, cf: float = 1.0) -> dict
     """Forward elementwise HBM bytes per token per decoder layer, by pass (module docstring table)."""
     b, h, c = dtype_bytes(m.dtype), m.hidden_size, (m.num_q_heads + m.num_kv_heads) * m.head_dim
     r, e, i = m.router_hidden_size, m.num_experts, m.moe_intermediate_size
-    return {"norms": 2 * (4 + b) * h, "merges": 2 * (b + 8) * h,
-            "cca": 6 * b * c + 2 * b * h + (b + 4) * c, "router": 36 * r + 12 * (e + 1),
-            "dispatch": 2 * b * h * (1 + cf), "swiglu": 3 * b * i * cf}
+    return {
+        "norms": 2 * (4 + b) * h,
+        "merges": 2 * (b + 8) * h,
+        "cca": 6 * b * c + 2 * b * h + (b + 4) * c,
+        "router": 36 * r + 12 * (e + 1),
+        "dispatch": 2 * b * h * (1 + cf),
+        "swiglu": 3 * b * i * cf,
+    }
 
 
 def describe() -> list[str]:
     """The assumptions of the analytic byte model, one line each (printed with every plan)."""
-    return [f"elementwise backward = {BACKWARD_FACTOR:g} x forward bytes; remat recomputes the forward once; "
-            "attention in a fused kernel (no S x S logits in HBM); every token routed to an expert",
-            f"fp32 residual stream; gradients accumulated in {8 * ACCUM_DTYPE_BYTES}-bit over micro-batches; "
-            f"master weights and moments {8 * MASTER_BYTES}-bit; Newton-Schulz in {8 * NS_DTYPE_BYTES}-bit",
-            "GEMM operands/outputs (incl. Newton-Schulz beyond its exposed part) are in the compute term"]
+    return [
+        f"elementwise backward = {BACKWARD_FACTOR:g} x forward bytes; remat recomputes the forward once; "
+        "attention in a fused kernel (no S x S logits in HBM); every token routed to an expert",
+        f"fp32 residual stream; gradients accumulated in {8 * ACCUM_DTYPE_BYTES}-bit over micro-batches; "
+        f"master weights and moments {8 * MASTER_BYTES}-bit; Newton-Schulz in {8 * NS_DTYPE_BYTES}-bit",
+        "GEMM operands/outputs (incl. Newton-Schulz beyond its exposed part) are in the compute term",
+    ]
 
 
 def recompute_passes(remat: str) -> float:
     return 0.0 if remat == "none" else 1.0
 
 
-def hbm_traffic(config: ml_collections.ConfigDict, params: Any, num_devices: int, cf: float,
-                ns_share: float, ridge: float = math.inf) -> dict[str, float]:
+def hbm_traffic(
+    config: ml_collections.ConfigDict,
+    params: Any,
+    num_devices: int,
+    cf: float,
+    ns_share: float,
+    ridge: float = math.inf,
+) -> dict[str, float]:
     """Analytic HBM bytes per device per optimizer step, by part, and their `total` (memory-bound bytes).
 
     cf: expert rows computed per routed token; ns_share: fraction of all Muon matrices this device
@@ -185,8 +198,9 @@ def compute_copy(leaf: Any, config: ml_collections.ConfigDict, num_devices: int)
     return math.prod(leaf.shape) // split, max(1, num_devices // split)
 
 
-def zero1_minimum(config: ml_collections.ConfigDict, params: Any, num_devices: int,
-                  cluster: Cluster | None = None) -> tuple[dict[str, float], dict[str, Stage]]:
+def zero1_minimum(
+    config: ml_collections.ConfigDict, params: Any, num_devices: int, cluster: Cluster | None = None
+) -> tuple[dict[str, float], dict[str, Stage]]:
     """Collective wire bytes per device per step the layout needs (module docstring), by part and `total`,
     and (with a `cluster`) the same collectives priced on it, by part. Device groups follow the mesh order
     (data, context, expert; expert innermost)."""
@@ -194,8 +208,9 @@ def zero1_minimum(config: ml_collections.ConfigDict, params: Any, num_devices: i
     n, b, bg = num_devices, dtype_bytes(m.dtype), dtype_bytes(grad_reduce_dtype(config))
     n_ep, n_ctx = int(mesh.expert), int(mesh.context)
     cluster = cluster or Cluster()
-    wire = dict.fromkeys(("gradient_reduce_scatter", "parameter_all_gather", "expert_all_to_all",
-                          "context_parallel"), 0.0)
+    wire = dict.fromkeys(
+        ("gradient_reduce_scatter", "parameter_all_gather", "expert_all_to_all", "context_parallel"), 0.0
+    )
     time = {k: Stage() for k in wire}
     by_replicas: dict[int, int] = {}  # one bucket per replica group (the minimum pays each α once)
     for leaf in jax.tree.leaves(params):
@@ -223,14 +238,21 @@ def zero1_minimum(config: ml_collections.ConfigDict, params: Any, num_devices: i
         halo = seqs * chunks * (conv_halo_len(m.cca_time0, m.cca_time1) * c + m.hidden_size) * b
         runs, ctx = mb * layers * passes, range(0, n_ctx * n_ep, n_ep)
         wire["context_parallel"] = runs * ((n_ctx - 1) / n_ctx * kv + halo)
-        time["context_parallel"] = (cluster.all_gather(kv, ctx) + cluster.permute(halo, [(ctx[0], ctx[1])])
-                                    ).scale(runs)
+        time["context_parallel"] = (cluster.all_gather(kv, ctx) + cluster.permute(halo, [(ctx[0], ctx[1])])).scale(runs)
     wire["total"] = sum(wire.values())
     return wire, time
 
 
-def project(*, executed_flops: float, model_flops: float, tokens: float, hbm_bytes: float,
-            collectives: dict[str, Stage], hw: sizing.Hardware, cluster: Cluster) -> dict[str, float]:
+def project(
+    *,
+    executed_flops: float,
+    model_flops: float,
+    tokens: float,
+    hbm_bytes: float,
+    collectives: dict[str, Stage],
+    hw: sizing.Hardware,
+    cluster: Cluster,
+) -> dict[str, float]:
     """Per-device step time = compute + memory-bound + collectives (no overlap) and the MFU it implies.
 
     executed_flops / model_flops / tokens / hbm_bytes: per device per step; collectives: priced per kind.
@@ -239,8 +261,15 @@ def project(*, executed_flops: float, model_flops: float, tokens: float, hbm_byt
     memory_s = hbm_bytes / (hw.hbm_bandwidth * cluster.hbm_efficiency)
     comm = sum(collectives.values(), Stage())
     step_s = compute_s + memory_s + comm.seconds
-    return {"compute_s": compute_s, "memory_s": memory_s, "collective_s": comm.seconds,
-            "collective_latency_s": comm.latency, "collective_xgmi_s": comm.xgmi, "collective_nic_s": comm.nic,
-            "collective_by_kind_s": {k: v.seconds for k, v in sorted(collectives.items())},
-            "step_s": step_s, "tokens_per_s_per_device": tokens / step_s,
-            "mfu": model_flops / (step_s * hw.peak_bf16_flops)}
+    return {
+        "compute_s": compute_s,
+        "memory_s": memory_s,
+        "collective_s": comm.seconds,
+        "collective_latency_s": comm.latency,
+        "collective_xgmi_s": comm.xgmi,
+        "collective_nic_s": comm.nic,
+        "collective_by_kind_s": {k: v.seconds for k, v in sorted(collectives.items())},
+        "step_s": step_s,
+        "tokens_per_s_per_device": tokens / step_s,
+        "mfu": model_flops / (step_s * hw.peak_bf16_flops),
+    }

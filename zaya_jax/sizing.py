@@ -52,16 +52,25 @@ class Hardware:
             return " [vendor spec]" if field in self.vendor_spec else " [estimate]"
 
         fp32 = f", fp32 {self.peak_fp32_flops / 1e12:.1f}{tag('peak_fp32_flops')}" if self.peak_fp32_flops else ""
-        return (f"{self.name}: dense bf16 {self.peak_bf16_flops / 1e12:.1f} TFLOP/s{tag('peak_bf16_flops')}{fp32}, "
-                f"HBM {self.hbm_bandwidth / 1e12:.2f} TB/s{tag('hbm_bandwidth')}, "
-                f"{self.memory_bytes / 1e9:.0f} GB{tag('memory_bytes')}, ridge {self.ridge:.0f} FLOP/B")
+        return (
+            f"{self.name}: dense bf16 {self.peak_bf16_flops / 1e12:.1f} TFLOP/s{tag('peak_bf16_flops')}{fp32}, "
+            f"HBM {self.hbm_bandwidth / 1e12:.2f} TB/s{tag('hbm_bandwidth')}, "
+            f"{self.memory_bytes / 1e9:.0f} GB{tag('memory_bytes')}, ridge {self.ridge:.0f} FLOP/B"
+        )
 
 
 HARDWARE: dict[str, Hardware] = {
     h.name.lower(): h
     for h in (
-        Hardware("MI300X", "AMD", 1307.4e12, 5.3e12, 192e9, peak_fp32_flops=163.4e12,
-                 notes="CDNA3, 304 CUs, 256 MB Infinity Cache, 7 xGMI links (AMD's public specifications)"),
+        Hardware(
+            "MI300X",
+            "AMD",
+            1307.4e12,
+            5.3e12,
+            192e9,
+            peak_fp32_flops=163.4e12,
+            notes="CDNA3, 304 CUs, 256 MB Infinity Cache, 7 xGMI links (AMD's public specifications)",
+        ),
         Hardware("MI325X", "AMD", 1307.4e12, 6.0e12, 256e9, peak_fp32_flops=163.4e12, notes="CDNA3, HBM3E"),
         Hardware("MI355X", "AMD", 2516.6e12, 8.0e12, 288e9, peak_fp32_flops=157.3e12, notes="CDNA4, HBM3E, 1.4 kW"),
         Hardware("H100", "NVIDIA", 989.4e12, 3.35e12, 80e9, peak_fp32_flops=66.9e12, notes="SXM5, HBM3"),
@@ -149,8 +158,9 @@ def min_tokens_for_ridge(d_in: int, d_out: int, ridge: float, bytes_per_el: int 
     return math.inf if denom <= 0 else r * d_in * d_out / denom
 
 
-def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
-              mesh: Mapping[str, int] | None, strict: bool) -> list[tuple[str, str, int | None]]:
+def _findings(
+    cfg: Any, hardware: str | Hardware, tokens_per_device: int | None, mesh: Mapping[str, int] | None, strict: bool
+) -> list[tuple[str, str, int | None]]:
     """(message, field, proposed value or None) for every violated rule."""
     m, full = _model_section(cfg)
     hw = get_hardware(hardware)
@@ -169,9 +179,15 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
             what = "padded to a multiple of 64 (128 preferred)" if up else "a multiple of 64 (128 preferred)"
         else:
             what = "a multiple of 128 (strict mode)"
-        out.append((f"model.{field}={v}: not {what} on {hw.name} ({ref} rule {rule_no}); nearest compliant: "
-                    f"{_neighbours(v, DIM_MULTIPLE)} (multiples of 64), {_neighbours(v, DIM_PREFERRED)} "
-                    f"(multiples of 128); proposed: {prop}", field, prop))
+        out.append(
+            (
+                f"model.{field}={v}: not {what} on {hw.name} ({ref} rule {rule_no}); nearest compliant: "
+                f"{_neighbours(v, DIM_MULTIPLE)} (multiples of 64), {_neighbours(v, DIM_PREFERRED)} "
+                f"(multiples of 128); proposed: {prop}",
+                field,
+                prop,
+            )
+        )
 
     dim_rule("hidden_size", "1")
     dim_rule("head_dim", "1, 3")
@@ -181,13 +197,20 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
 
     # derived projection widths (follow from head_dim / head counts; no single-field proposal)
     hd, nq, nkv = int(m.head_dim), int(m.num_q_heads), int(m.num_kv_heads)
-    for name, width, fields in (("q projection width num_q_heads*head_dim", nq * hd, "num_q_heads, head_dim"),
-                                ("k projection width num_kv_heads*head_dim", nkv * hd, "num_kv_heads, head_dim"),
-                                ("CCA value half-width num_kv_heads*head_dim/2", nkv * hd // 2,
-                                 "num_kv_heads, head_dim")):
+    for name, width, fields in (
+        ("q projection width num_q_heads*head_dim", nq * hd, "num_q_heads, head_dim"),
+        ("k projection width num_kv_heads*head_dim", nkv * hd, "num_kv_heads, head_dim"),
+        ("CCA value half-width num_kv_heads*head_dim/2", nkv * hd // 2, "num_kv_heads, head_dim"),
+    ):
         if width % DIM_MULTIPLE and hd % DIM_MULTIPLE == 0:
-            out.append((f"model.{name}={width}: not a multiple of 64 ({ref} rule 1); nearest compliant: "
-                        f"{_neighbours(width, DIM_MULTIPLE)}; change {fields}", fields.split(",")[0], None))
+            out.append(
+                (
+                    f"model.{name}={width}: not a multiple of 64 ({ref} rule 1); nearest compliant: "
+                    f"{_neighbours(width, DIM_MULTIPLE)}; change {fields}",
+                    fields.split(",")[0],
+                    None,
+                )
+            )
 
     # rule 5a: expert GEMMs must be able to reach the roofline ridge at all. For T_e -> inf the bf16
     # intensity of [T_e,a]x[a,b] tends to a*b/(a+b); gate/up is (h, 2*inter), down is (inter, h).
@@ -200,33 +223,57 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
         else:
             need = None
             fix = f"hidden_size={h} is itself below the ridge: widen the model"
-        out.append((f"model.moe_intermediate_size={inter} (hidden_size={h}): the expert GEMMs can reach at most "
-                    f"{ceiling:.0f} FLOP/B < {hw.name} ridge {hw.ridge:.0f} FLOP/B at any token count, so they "
-                    f"stay memory-bound ({ref} rule 5); {fix}", "moe_intermediate_size", need))
+        out.append(
+            (
+                f"model.moe_intermediate_size={inter} (hidden_size={h}): the expert GEMMs can reach at most "
+                f"{ceiling:.0f} FLOP/B < {hw.name} ridge {hw.ridge:.0f} FLOP/B at any token count, so they "
+                f"stay memory-bound ({ref} rule 5); {fix}",
+                "moe_intermediate_size",
+                need,
+            )
+        )
 
     topk = int(m.num_experts_per_tok)
     if tokens_per_device is not None:
         t = int(tokens_per_device)
         if t % TOKEN_MULTIPLE:
-            out.append((f"tokens_per_device={t}: tokens per GEMM (batch*seq per device per microbatch) not a "
-                        f"multiple of {TOKEN_MULTIPLE} ({ref} rule 4); nearest compliant: "
-                        f"{_neighbours(t, TOKEN_MULTIPLE)}", "tokens_per_device", _up(t, TOKEN_MULTIPLE)))
+            out.append(
+                (
+                    f"tokens_per_device={t}: tokens per GEMM (batch*seq per device per microbatch) not a "
+                    f"multiple of {TOKEN_MULTIPLE} ({ref} rule 4); nearest compliant: "
+                    f"{_neighbours(t, TOKEN_MULTIPLE)}",
+                    "tokens_per_device",
+                    _up(t, TOKEN_MULTIPLE),
+                )
+            )
         te = t * topk / e
         need_te = min_tokens_for_ridge(h, 2 * inter, hw.ridge)
         if math.isfinite(need_te) and te < need_te:
             need_t = _up(math.ceil(need_te * e / topk), TOKEN_MULTIPLE)
-            out.append((f"tokens_per_device={t}: {te:.0f} routed tokens per expert (top-{topk} of {e}) give "
-                        f"expert gate/up intensity {expert_intensity(te, h, 2 * inter):.0f} FLOP/B < {hw.name} "
-                        f"ridge {hw.ridge:.0f} ({ref} rule 5); need T_e >= {math.ceil(need_te)}, i.e. >= "
-                        f"{need_t} tokens per device per expert GEMM call", "tokens_per_device", need_t))
+            out.append(
+                (
+                    f"tokens_per_device={t}: {te:.0f} routed tokens per expert (top-{topk} of {e}) give "
+                    f"expert gate/up intensity {expert_intensity(te, h, 2 * inter):.0f} FLOP/B < {hw.name} "
+                    f"ridge {hw.ridge:.0f} ({ref} rule 5); need T_e >= {math.ceil(need_te)}, i.e. >= "
+                    f"{need_t} tokens per device per expert GEMM call",
+                    "tokens_per_device",
+                    need_t,
+                )
+            )
 
     # rule 6: sharded dims divide by their mesh axis
     for field, axis in SHARDED_DIMS.items():
         size = int((mesh or {}).get(axis, 1) or 1)
         if size > 1 and int(m[field]) % size:
             v = int(m[field])
-            out.append((f"model.{field}={v}: sharded over mesh axis '{axis}' of size {size} but not divisible "
-                        f"({ref} rule 6); nearest compliant: {_neighbours(v, size)}", field, _up(v, size)))
+            out.append(
+                (
+                    f"model.{field}={v}: sharded over mesh axis '{axis}' of size {size} but not divisible "
+                    f"({ref} rule 6); nearest compliant: {_neighbours(v, size)}",
+                    field,
+                    _up(v, size),
+                )
+            )
     return out
 
 
@@ -234,8 +281,14 @@ def _findings(cfg: Any, hardware: str | Hardware, tokens_per_device: int | None,
 SHARDED_DIMS: dict[str, str] = {"num_experts": "expert"}
 
 
-def check_model(model_cfg: Any, hardware: str | Hardware = "mi300x", *, tokens_per_device: int | None = None,
-                mesh: Mapping[str, int] | None = None, strict: bool = False) -> list[str]:
+def check_model(
+    model_cfg: Any,
+    hardware: str | Hardware = "mi300x",
+    *,
+    tokens_per_device: int | None = None,
+    mesh: Mapping[str, int] | None = None,
+    strict: bool = False,
+) -> list[str]:
     """Human-readable sizing violations of `model_cfg` (a model ConfigDict or a full config).
 
     `tokens_per_device`: tokens per device per microbatch (enables rules 4 and 5b);
@@ -244,8 +297,14 @@ def check_model(model_cfg: Any, hardware: str | Hardware = "mi300x", *, tokens_p
     return [msg for msg, _f, _p in _findings(model_cfg, hardware, tokens_per_device, mesh, strict)]
 
 
-def propose(model_cfg: Any, hardware: str | Hardware = "mi300x", *, tokens_per_device: int | None = None,
-            mesh: Mapping[str, int] | None = None, strict: bool = False) -> dict[str, int]:
+def propose(
+    model_cfg: Any,
+    hardware: str | Hardware = "mi300x",
+    *,
+    tokens_per_device: int | None = None,
+    mesh: Mapping[str, int] | None = None,
+    strict: bool = False,
+) -> dict[str, int]:
     """Nearest compliant value per violating field (e.g. head_dim 96 -> 128, vocab 50257 -> 50304)."""
     out: dict[str, int] = {}
     for _msg, field, prop in _findings(model_cfg, hardware, tokens_per_device, mesh, strict):
@@ -263,7 +322,9 @@ def ridge_requirement(model_cfg: Any, hardware: str | Hardware = "mi300x") -> st
     te = min_tokens_for_ridge(h, 2 * inter, hw.ridge)
     if not math.isfinite(te):
         return f"expert gate/up GEMM [T_e,{h}]x[{h},{2 * inter}] never reaches the {hw.name} ridge"
-    return (f"expert gate/up GEMM [T_e,{h}]x[{h},{2 * inter}] reaches the {hw.name} ridge ({hw.ridge:.0f} FLOP/B) "
-            f"at T_e >= {math.ceil(te)} tokens per expert, i.e. >= {math.ceil(te * e / topk)} tokens per device "
-            f"per expert GEMM call (top-{topk} of {e} experts; {_up(math.ceil(te * e / topk), TOKEN_MULTIPLE)} "
-            f"as a multiple of {TOKEN_MULTIPLE})")
+    return (
+        f"expert gate/up GEMM [T_e,{h}]x[{h},{2 * inter}] reaches the {hw.name} ridge ({hw.ridge:.0f} FLOP/B) "
+        f"at T_e >= {math.ceil(te)} tokens per expert, i.e. >= {math.ceil(te * e / topk)} tokens per device "
+        f"per expert GEMM call (top-{topk} of {e} experts; {_up(math.ceil(te * e / topk), TOKEN_MULTIPLE)} "
+        f"as a multiple of {TOKEN_MULTIPLE})"
+    )

@@ -105,12 +105,24 @@ def main(argv):
                 settings["previous_batch_oracle"] = previous[layer]
             previous[layer] = oracle
             for name, bias in settings.items():
-                results.setdefault(name, {}).setdefault(str(layer), []).append(measure(p, bias, _DEVICES.value, factors))
-    summary = {name: {layer: {k: round(float(np.mean([m[k] for m in ms])), 4) for k in ms[0]}
-                      for layer, ms in per_layer.items()} for name, per_layer in results.items()}
-    summary["setup"] = {"checkpoint": os.path.abspath(_CKPT.value), "step": _STEP.value, "devices": _DEVICES.value,
-                        "batches": _BATCHES.value, "rows_per_batch": batch, "seq_len": config.train.seq_len,
-                        "experts": experts}
+                results.setdefault(name, {}).setdefault(str(layer), []).append(
+                    measure(p, bias, _DEVICES.value, factors)
+                )
+    summary = {
+        name: {
+            layer: {k: round(float(np.mean([m[k] for m in ms])), 4) for k in ms[0]} for layer, ms in per_layer.items()
+        }
+        for name, per_layer in results.items()
+    }
+    summary["setup"] = {
+        "checkpoint": os.path.abspath(_CKPT.value),
+        "step": _STEP.value,
+        "devices": _DEVICES.value,
+        "batches": _BATCHES.value,
+        "rows_per_batch": batch,
+        "seq_len": config.train.seq_len,
+        "experts": experts,
+    }
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     with open(_OUT.value, "w", encoding="utf-8") as f:
         json.dump(summary, f, indent=2)

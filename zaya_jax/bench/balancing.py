@@ -33,10 +33,16 @@ def layer_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for layer, cv in enumerate(r["load_cv"]):
             load = np.asarray(r["load"][layer][:-1], np.float64)
             share = load.max() / load.mean() if load.mean() > 0 else 0.0
-            out.append({"step": r["step"], "layer": layer, "load_cv": cv,
-                        "dropped": r.get("dropped_fraction", [0.0] * len(r["load_cv"]))[layer],
-                        "skip_fraction": r.get("skip_fraction", [0.0] * len(r["load_cv"]))[layer],
-                        "max_load_share": float(share)})
+            out.append(
+                {
+                    "step": r["step"],
+                    "layer": layer,
+                    "load_cv": cv,
+                    "dropped": r.get("dropped_fraction", [0.0] * len(r["load_cv"]))[layer],
+                    "skip_fraction": r.get("skip_fraction", [0.0] * len(r["load_cv"]))[layer],
+                    "max_load_share": float(share),
+                }
+            )
     return out
 
 
@@ -46,9 +52,15 @@ def tail_summary(rows: list[dict[str, Any]], last: int) -> dict[str, Any]:
     tail = [r for r in rows if r["step"] > final - last]
     cv = np.mean([r["load_cv"] for r in tail], axis=0)
     dropped = np.mean([r.get("dropped_fraction", np.zeros_like(cv)) for r in tail], axis=0)
-    return {"final_step": final, "window_steps": last, "logged_steps_in_window": len(tail),
-            "load_cv": [round(float(v), 4) for v in cv], "dropped": [round(float(v), 5) for v in dropped],
-            "max_load_cv": round(float(cv.max()), 4), "max_dropped": round(float(dropped.max()), 5)}
+    return {
+        "final_step": final,
+        "window_steps": last,
+        "logged_steps_in_window": len(tail),
+        "load_cv": [round(float(v), 4) for v in cv],
+        "dropped": [round(float(v), 5) for v in dropped],
+        "max_load_cv": round(float(cv.max()), 4),
+        "max_dropped": round(float(dropped.max()), 5),
+    }
 
 
 def report(runs: Mapping[str, str], out_dir: str, *, last: int = 50, title: str = "") -> dict[str, Any]:
@@ -62,16 +74,29 @@ def report(runs: Mapping[str, str], out_dir: str, *, last: int = 50, title: str 
             raise ValueError(f"{path} has no per-layer load rows: is {workdir} a training workdir?")
         long = layer_rows(rows)
         common.write_csv(os.path.join(out_dir, f"{label}.csv"), long)
-        health.plot_load_heatmap(path, os.path.join(out_dir, f"{label}_expert_load.png"),
-                                 title=f"{label}: expert load / even share")
+        health.plot_load_heatmap(
+            path, os.path.join(out_dir, f"{label}_expert_load.png"), title=f"{label}: expert load / even share"
+        )
         summary[label] = {**tail_summary(rows, last), "eval_loss": eval_loss(path)}
         series[label] = long
     layers = max(r["layer"] for rows in series.values() for r in rows) + 1
     for metric, ylabel in (("load_cv", "expert-load CV"), ("dropped", "dropped fraction")):
-        panels = {f"layer {k}": {label: ([r["step"] for r in rows if r["layer"] == k],
-                                         [r[metric] for r in rows if r["layer"] == k])
-                                 for label, rows in series.items()} for k in range(layers)}
-        common.plot_panels(os.path.join(out_dir, f"{metric}.png"), panels, xlabel="step", ylabel=ylabel,
-                           title=title or ylabel, logx=False, xfmt=None, ncols=4)
+        panels = {
+            f"layer {k}": {
+                label: ([r["step"] for r in rows if r["layer"] == k], [r[metric] for r in rows if r["layer"] == k])
+                for label, rows in series.items()
+            }
+            for k in range(layers)
+        }
+        common.plot_panels(
+            os.path.join(out_dir, f"{metric}.png"),
+            panels,
+            xlabel="step",
+            ylabel=ylabel,
+            title=title or ylabel,
+            logx=False,
+            xfmt=None,
+            ncols=4,
+        )
     common.write_json(os.path.join(out_dir, "summary.json"), summary)
     return summary

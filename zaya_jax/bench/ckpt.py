@@ -32,8 +32,17 @@ from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state
 
-COLUMNS = ("kind", "bytes", "trials", "s_median", "s_min", "MiB_per_s", "ratio_vs_raw", "blocking_s_median",
-           "directory")
+COLUMNS = (
+    "kind",
+    "bytes",
+    "trials",
+    "s_median",
+    "s_min",
+    "MiB_per_s",
+    "ratio_vs_raw",
+    "blocking_s_median",
+    "directory",
+)
 CHUNK = 64 << 20
 
 
@@ -45,8 +54,11 @@ def random_state(config: ml_collections.ConfigDict, optimizer: str = "muon", see
     rng = np.random.default_rng(seed)
 
     def fill(x):
-        host = rng.standard_normal(x.shape, np.float32).astype(x.dtype) if np.issubdtype(x.dtype, np.floating) \
+        host = (
+            rng.standard_normal(x.shape, np.float32).astype(x.dtype)
+            if np.issubdtype(x.dtype, np.floating)
             else np.zeros(x.shape, x.dtype)
+        )
         return jax.device_put(host, x.sharding)
 
     return jax.tree.map(fill, abs_state)
@@ -60,7 +72,7 @@ def raw_write(path: str, nbytes: int, fsync: bool = True) -> float:
     try:
         left = nbytes
         while left > 0:
-            left -= os.write(fd, buf[:min(left, len(buf))])
+            left -= os.write(fd, buf[: min(left, len(buf))])
         if fsync:
             os.fsync(fd)
     finally:
@@ -68,8 +80,9 @@ def raw_write(path: str, nbytes: int, fsync: bool = True) -> float:
     return time.perf_counter() - t0
 
 
-def benchmark(config: ml_collections.ConfigDict, directory: str | None = None, trials: int = 3,
-              optimizer: str = "muon", log=print) -> list[dict[str, Any]]:
+def benchmark(
+    config: ml_collections.ConfigDict, directory: str | None = None, trials: int = 3, optimizer: str = "muon", log=print
+) -> list[dict[str, Any]]:
     state = random_state(config, optimizer)
     jax.block_until_ready(state)
     nbytes = tree_nbytes(state)
@@ -88,16 +101,27 @@ def benchmark(config: ml_collections.ConfigDict, directory: str | None = None, t
             info = ckpt.save(i + 1, state, {"bench": True}, wait=True)
             times["checkpoint"].append(time.perf_counter() - t0)
             blocking.append(info["blocking_s"])
-            log(f"checkpoint: trial {i}: raw {nbytes / 2**20 / times['raw_fsync'][-1]:.0f} MiB/s, "
-                f"checkpoint {nbytes / 2**20 / times['checkpoint'][-1]:.0f} MiB/s")
+            log(
+                f"checkpoint: trial {i}: raw {nbytes / 2**20 / times['raw_fsync'][-1]:.0f} MiB/s, "
+                f"checkpoint {nbytes / 2**20 / times['checkpoint'][-1]:.0f} MiB/s"
+            )
         ckpt.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
     for kind, ts in times.items():
         med = statistics.median(ts)
-        rows.append(dict(kind=kind, bytes=nbytes, trials=len(ts), s_median=med, s_min=min(ts),
-                         MiB_per_s=nbytes / 2**20 / med, directory=directory or tempfile.gettempdir()))
+        rows.append(
+            dict(
+                kind=kind,
+                bytes=nbytes,
+                trials=len(ts),
+                s_median=med,
+                s_min=min(ts),
+                MiB_per_s=nbytes / 2**20 / med,
+                directory=directory or tempfile.gettempdir(),
+            )
+        )
     raw = rows[0]["MiB_per_s"]
     for r in rows:
         r["ratio_vs_raw"] = common.ratio(r["MiB_per_s"], raw)
@@ -105,12 +129,23 @@ def benchmark(config: ml_collections.ConfigDict, directory: str | None = None, t
     return rows
 
 
-def run(out_dir: str, config: ml_collections.ConfigDict, *, command: str | None = None, **kwargs: Any
-        ) -> list[dict[str, Any]]:
+def run(
+    out_dir: str, config: ml_collections.ConfigDict, *, command: str | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
     rows = benchmark(config, log=common.say, **kwargs)
     m = config.model
-    setup = (f"TrainState of hidden {m.hidden_size}, {m.num_layers} layers, {m.num_experts} experts: "
-             f"{rows[0]['bytes'] / 2**20:.1f} MiB\n\n" + __doc__.split("\n\n", 1)[1])
-    return common.report(out_dir, "checkpoint", rows, title="Checkpoint save vs raw disk writes",
-                         table_columns=list(COLUMNS), csv_columns=COLUMNS, sections=[("Setup", setup)],
-                         notes=[f"checkpoint save / raw disk: {rows[-1]['ratio_vs_raw']:.2f}x"], command=command)
+    setup = (
+        f"TrainState of hidden {m.hidden_size}, {m.num_layers} layers, {m.num_experts} experts: "
+        f"{rows[0]['bytes'] / 2**20:.1f} MiB\n\n" + __doc__.split("\n\n", 1)[1]
+    )
+    return common.report(
+        out_dir,
+        "checkpoint",
+        rows,
+        title="Checkpoint save vs raw disk writes",
+        table_columns=list(COLUMNS),
+        csv_columns=COLUMNS,
+        sections=[("Setup", setup)],
+        notes=[f"checkpoint save / raw disk: {rows[-1]['ratio_vs_raw']:.2f}x"],
+        command=command,
+    )

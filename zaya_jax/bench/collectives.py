@@ -99,33 +99,66 @@ COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
         Collective(
-            "all_reduce", "all-reduce (psum)", lambda n: 2 * (n - 1) / n,
-            in_elems=lambda s, n: s, out_elems=lambda c, n: c, size_elems=lambda c, n: c,
+            "all_reduce",
+            "all-reduce (psum)",
+            lambda n: 2 * (n - 1) / n,
+            in_elems=lambda s, n: s,
+            out_elems=lambda c, n: c,
+            size_elems=lambda c, n: c,
             body=lambda x, n: jax.lax.psum(x, AXIS),
-            reference=lambda X: _tile(X.sum(0), X.shape[0])),
+            reference=lambda X: _tile(X.sum(0), X.shape[0]),
+        ),
         Collective(
-            "reduce_scatter", "reduce-scatter (psum_scatter tiled)", lambda n: (n - 1) / n,
-            in_elems=lambda s, n: s // n * n, out_elems=lambda c, n: c // n, size_elems=lambda c, n: c,
+            "reduce_scatter",
+            "reduce-scatter (psum_scatter tiled)",
+            lambda n: (n - 1) / n,
+            in_elems=lambda s, n: s // n * n,
+            out_elems=lambda c, n: c // n,
+            size_elems=lambda c, n: c,
             body=lambda x, n: jax.lax.psum_scatter(x, AXIS, scatter_dimension=0, tiled=True),
-            reference=_rs_ref),
+            reference=_rs_ref,
+        ),
         Collective(
-            "all_gather", "all-gather (all_gather tiled)", lambda n: (n - 1) / n,
-            in_elems=lambda s, n: s // n, out_elems=lambda c, n: c * n, size_elems=lambda c, n: c * n,
+            "all_gather",
+            "all-gather (all_gather tiled)",
+            lambda n: (n - 1) / n,
+            in_elems=lambda s, n: s // n,
+            out_elems=lambda c, n: c * n,
+            size_elems=lambda c, n: c * n,
             body=lambda x, n: jax.lax.all_gather(x, AXIS, axis=0, tiled=True),
-            reference=lambda X: _tile(X.reshape(-1), X.shape[0])),
+            reference=lambda X: _tile(X.reshape(-1), X.shape[0]),
+        ),
         Collective(
-            "broadcast", "broadcast (EMULATED: ppermute tree)", lambda n: 1.0,
-            in_elems=lambda s, n: s, out_elems=lambda c, n: c, size_elems=lambda c, n: c,
-            body=_broadcast_tree, reference=lambda X: _tile(X[0], X.shape[0]), emulated=True),
+            "broadcast",
+            "broadcast (EMULATED: ppermute tree)",
+            lambda n: 1.0,
+            in_elems=lambda s, n: s,
+            out_elems=lambda c, n: c,
+            size_elems=lambda c, n: c,
+            body=_broadcast_tree,
+            reference=lambda X: _tile(X[0], X.shape[0]),
+            emulated=True,
+        ),
         Collective(
-            "all_to_all", "all-to-all (all_to_all tiled)", lambda n: (n - 1) / n,
-            in_elems=lambda s, n: s // n * n, out_elems=lambda c, n: c, size_elems=lambda c, n: c,
+            "all_to_all",
+            "all-to-all (all_to_all tiled)",
+            lambda n: (n - 1) / n,
+            in_elems=lambda s, n: s // n * n,
+            out_elems=lambda c, n: c,
+            size_elems=lambda c, n: c,
             body=lambda x, n: jax.lax.all_to_all(x, AXIS, 0, 0, tiled=True),
-            reference=_a2a_ref),
+            reference=_a2a_ref,
+        ),
         Collective(
-            "ppermute", "ppermute (ring shift i->i+1)", lambda n: 1.0,
-            in_elems=lambda s, n: s, out_elems=lambda c, n: c, size_elems=lambda c, n: c,
-            body=_ring_shift, reference=lambda X: np.roll(X, 1, axis=0)),
+            "ppermute",
+            "ppermute (ring shift i->i+1)",
+            lambda n: 1.0,
+            in_elems=lambda s, n: s,
+            out_elems=lambda c, n: c,
+            size_elems=lambda c, n: c,
+            body=_ring_shift,
+            reference=lambda X: np.roll(X, 1, axis=0),
+        ),
     )
 }
 
@@ -211,16 +244,19 @@ def check_case(case: Case) -> None:
     expected = case.collective.reference(case.host_input.astype(np.float64))
     per_dev = case.collective.out_elems(case.per_rank_in, case.n)
     if out.shape != (case.n * per_dev,):
-        raise AssertionError(f"{case.collective.name} n={case.n}: output shape {out.shape}, "
-                             f"expected {(case.n * per_dev,)}")
+        raise AssertionError(
+            f"{case.collective.name} n={case.n}: output shape {out.shape}, expected {(case.n * per_dev,)}"
+        )
     for shard in out.addressable_shards:
         start = shard.index[0].start or 0
         rank = start // per_dev
         got = np.asarray(shard.data, dtype=np.float64)
         if not np.array_equal(got, expected[rank]):
             bad = int(np.argmax(got != expected[rank]))
-            raise AssertionError(f"{case.collective.name} n={case.n} rank {rank}: element {bad} is "
-                                 f"{got[bad]}, expected {expected[rank][bad]}")
+            raise AssertionError(
+                f"{case.collective.name} n={case.n} rank {rank}: element {bad} is "
+                f"{got[bad]}, expected {expected[rank][bad]}"
+            )
 
 
 def benchmark(
@@ -254,12 +290,21 @@ def benchmark(
                 algbw, busbw = bandwidths(name, s, n, t.median)
                 _, busbw_best = bandwidths(name, s, n, t.min)
                 row = dict(
-                    collective=name, label=coll.label, emulated=coll.emulated, n_devices=n,
-                    dtype=jnp.dtype(dtype).name, size_bytes=s,
+                    collective=name,
+                    label=coll.label,
+                    emulated=coll.emulated,
+                    n_devices=n,
+                    dtype=jnp.dtype(dtype).name,
+                    size_bytes=s,
                     per_rank_in_bytes=case.per_rank_in * case.itemsize,
                     per_rank_out_bytes=coll.out_elems(case.per_rank_in, n) * case.itemsize,
-                    median_s=t.median, min_s=t.min, trials=trials, factor=coll.factor(n),
-                    algbw_GBps=algbw / 1e9, busbw_GBps=busbw / 1e9, busbw_best_GBps=busbw_best / 1e9,
+                    median_s=t.median,
+                    min_s=t.min,
+                    trials=trials,
+                    factor=coll.factor(n),
+                    algbw_GBps=algbw / 1e9,
+                    busbw_GBps=busbw / 1e9,
+                    busbw_best_GBps=busbw_best / 1e9,
                     correct="ok" if checked_at is not None else "unchecked",
                     checked_at_bytes=checked_at if checked_at is not None else "",
                 )
@@ -298,10 +343,15 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
             xs, ys = panels.setdefault(latency, {}).setdefault(r["label"], ([], []))
             xs.append(r["size_bytes"])
             ys.append(r["median_s"] * 1e6)
-    common.plot_panels(path, panels, xlabel="message size S", ylabel="busbw (GB/s, median)", logy=True,
-                       ylabels={latency: "time per call (µs, median)"},
-                       title=f"collectives on {common.device_description()}; busbw = S/t x factor "
-                             "(nccl-tests convention)")
+    common.plot_panels(
+        path,
+        panels,
+        xlabel="message size S",
+        ylabel="busbw (GB/s, median)",
+        logy=True,
+        ylabels={latency: "time per call (µs, median)"},
+        title=f"collectives on {common.device_description()}; busbw = S/t x factor (nccl-tests convention)",
+    )
     return [os.path.basename(path)]
 
 
@@ -326,11 +376,18 @@ def run(
         key = (r["collective"], r["n_devices"])
         if key not in largest or r["size_bytes"] > largest[key]["size_bytes"]:
             largest[key] = r
-    common.report(out_dir, "collectives", rows, title="Collectives: bus bandwidth", table_rows=largest.values(),
-                  table_columns=["collective", "n_devices", "size_bytes", "median_s", "algbw_GBps", "busbw_GBps",
-                                 "correct"],
-                  sections=[("Convention", CONVENTION),
-                            ("Table", "The largest message of each collective and device count; every size is in "
-                                      "collectives.csv.")],
-                  plots=lambda d: plot(rows, os.path.join(d, "collectives.png")), command=command)
+    common.report(
+        out_dir,
+        "collectives",
+        rows,
+        title="Collectives: bus bandwidth",
+        table_rows=largest.values(),
+        table_columns=["collective", "n_devices", "size_bytes", "median_s", "algbw_GBps", "busbw_GBps", "correct"],
+        sections=[
+            ("Convention", CONVENTION),
+            ("Table", "The largest message of each collective and device count; every size is in collectives.csv."),
+        ],
+        plots=lambda d: plot(rows, os.path.join(d, "collectives.png")),
+        command=command,
+    )
     return rows

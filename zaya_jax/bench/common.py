@@ -198,7 +198,7 @@ def plot_panels(
     ncols = max(1, min(ncols, len(names)))
     nrows = max(1, -(-len(names) // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.flat[len(names):]:
+    for ax in axes.flat[len(names) :]:
         ax.set_visible(False)
     for ax, name in zip(axes.flat, names):
         for label, (xs, ys) in panels[name].items():
@@ -238,7 +238,7 @@ def plot_bars(
     ncols = max(1, min(ncols, len(names)))
     nrows = max(1, -(-len(names) // ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 3.8 * nrows), squeeze=False)
-    for ax in axes.flat[len(names):]:
+    for ax in axes.flat[len(names) :]:
         ax.set_visible(False)
     for ax, name in zip(axes.flat, names):
         series = panels[name]
@@ -293,6 +293,7 @@ def command_line(argv: Sequence[str] | None = None) -> str:
 
 def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
     """A GitHub Markdown table of `rows` restricted to `columns` (floats with 4 significant digits)."""
+
     def fmt(v: Any) -> str:
         if isinstance(v, float):
             return f"{v:.4g}"
@@ -303,12 +304,28 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
     return "\n".join(lines)
 
 
-def write_markdown(path: str, title: str, sections: Sequence[tuple[str, str]], *, command: str | None = None,
-                   machine: Mapping[str, Any] | None = None) -> None:
+def write_markdown(
+    path: str,
+    title: str,
+    sections: Sequence[tuple[str, str]],
+    *,
+    command: str | None = None,
+    machine: Mapping[str, Any] | None = None,
+) -> None:
     """Markdown report: title, the exact command, the machine description, then (heading, body) sections."""
     machine = machine if machine is not None else machine_info()
-    parts = [f"# {title}", "", "Command:", "", "```", command or command_line(), "```", "",
-             "Machine: " + ", ".join(f"{k}={v}" for k, v in machine.items() if k not in ("hostname",)), ""]
+    parts = [
+        f"# {title}",
+        "",
+        "Command:",
+        "",
+        "```",
+        command or command_line(),
+        "```",
+        "",
+        "Machine: " + ", ".join(f"{k}={v}" for k, v in machine.items() if k not in ("hostname",)),
+        "",
+    ]
     for heading, body in sections:
         parts += [f"## {heading}", "", body.rstrip(), ""]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -325,11 +342,20 @@ def device_description() -> str:
     return f"{n} x {jax.devices()[0].device_kind}{procs}"
 
 
-def report(out_dir: str, suite: str, rows: Sequence[Mapping[str, Any]], *, title: str,
-           table_columns: Sequence[str], csv_columns: Sequence[str] | None = None, notes: Sequence[str] = (),
-           sections: Sequence[tuple[str, str]] = (), plots: Callable[[str], Sequence[str]] | None = None,
-           command: str | None = None, table_rows: Sequence[Mapping[str, Any]] | None = None
-           ) -> list[dict[str, Any]]:
+def report(
+    out_dir: str,
+    suite: str,
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    title: str,
+    table_columns: Sequence[str],
+    csv_columns: Sequence[str] | None = None,
+    notes: Sequence[str] = (),
+    sections: Sequence[tuple[str, str]] = (),
+    plots: Callable[[str], Sequence[str]] | None = None,
+    command: str | None = None,
+    table_rows: Sequence[Mapping[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
     """The one way a suite reports: print `notes` and the table (`table_rows`, default `rows`); on process 0
     write `<suite>.csv` (every row; all columns or `csv_columns`), the figures (`plots(out_dir)` returns their
     file names) and `<suite>.md` — title with the devices it ran on, the exact command, the machine,
@@ -347,8 +373,7 @@ def report(out_dir: str, suite: str, rows: Sequence[Mapping[str, Any]], *, title
             body.append(("Notes", "\n".join(f"- {n}" for n in notes)))
         if figures:
             body.append(("Figures", "\n\n".join(f"![{f}]({f})" for f in figures)))
-        write_markdown(os.path.join(out_dir, f"{suite}.md"), f"{title} ({device_description()})", body,
-                       command=command)
+        write_markdown(os.path.join(out_dir, f"{suite}.md"), f"{title} ({device_description()})", body, command=command)
         say(f"wrote {out_dir}/" + ", ".join([f"{suite}.csv", f"{suite}.md", *figures]))
     return rows
 

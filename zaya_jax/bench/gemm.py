@@ -64,8 +64,9 @@ def measure_gemm_peak(dtype: Any = None, size: int | None = None, warmup: int = 
     return gemm_flops(size, size, size) / t.min
 
 
-def zaya_shapes(model_cfg: Any = None, tokens: int = 4096, tokens_per_expert: int | None = None
-                ) -> list[tuple[str, int, int, int]]:
+def zaya_shapes(
+    model_cfg: Any = None, tokens: int = 4096, tokens_per_expert: int | None = None
+) -> list[tuple[str, int, int, int]]:
     """ZAYA1 GEMMs as (name, M, N, K) for `[M,K] x [K,N]` (§6 (b)).
 
     `model_cfg`: a ConfigDict like `zaya_jax.config.model_config()` (default: ZAYA1-base).
@@ -104,22 +105,24 @@ def unaligned_shapes(bases: Sequence[int] = (2048,)) -> list[tuple[str, int, int
     return shapes
 
 
-def _gemm_row(sweep: str, name: str, m: int, n: int, k: int, dtype: Any, warmup: int, trials: int,
-              max_gflop: float | None) -> dict[str, Any]:
+def _gemm_row(
+    sweep: str, name: str, m: int, n: int, k: int, dtype: Any, warmup: int, trials: int, max_gflop: float | None
+) -> dict[str, Any]:
     flops = gemm_flops(m, n, k)
-    row: dict[str, Any] = dict(sweep=sweep, name=name, M=m, N=n, K=k, dtype=jnp.dtype(dtype).name,
-                               gflop=flops / 1e9)
+    row: dict[str, Any] = dict(sweep=sweep, name=name, M=m, N=n, K=k, dtype=jnp.dtype(dtype).name, gflop=flops / 1e9)
     if max_gflop is not None and flops / 1e9 > max_gflop:
         row["skipped"] = f"> max_gflop={max_gflop}"
         return row
     t = time_gemm(m, n, k, dtype, warmup, trials)
-    row.update(median_s=t.median, min_s=t.min, tflops=flops / t.median / 1e12,
-               tflops_best=flops / t.min / 1e12, skipped="")
+    row.update(
+        median_s=t.median, min_s=t.min, tflops=flops / t.median / 1e12, tflops_best=flops / t.min / 1e12, skipped=""
+    )
     return row
 
 
-def grouped_rows(tokens: int, hidden: int, inter: int, experts: int, dtype: Any,
-                 warmup: int = 2, trials: int = 5) -> list[dict[str, Any]]:
+def grouped_rows(
+    tokens: int, hidden: int, inter: int, experts: int, dtype: Any, warmup: int = 2, trials: int = 5
+) -> list[dict[str, Any]]:
     """ragged_dot `[T,H] x [E,H,I]` vs padded einsum `[E,C,H] x [E,H,I]`, balanced groups (§6 (d))."""
     dtype = jnp.dtype(dtype)
     cap = math.ceil(tokens / experts)
@@ -138,10 +141,25 @@ def grouped_rows(tokens: int, hidden: int, inter: int, experts: int, dtype: Any,
         ("padded_einsum", einsum, (padded, rhs), gemm_flops(experts * cap, inter, hidden)),
     ):
         t = common.time_fn(fn, *args, warmup=warmup, trials=trials)
-        rows.append(dict(sweep="grouped", name=name, M=tokens, N=inter, K=hidden, experts=experts,
-                         capacity=cap, dtype=dtype.name, gflop=useful / 1e9,
-                         executed_gflop=executed / 1e9, median_s=t.median, min_s=t.min,
-                         tflops=useful / t.median / 1e12, tflops_best=useful / t.min / 1e12, skipped=""))
+        rows.append(
+            dict(
+                sweep="grouped",
+                name=name,
+                M=tokens,
+                N=inter,
+                K=hidden,
+                experts=experts,
+                capacity=cap,
+                dtype=dtype.name,
+                gflop=useful / 1e9,
+                executed_gflop=executed / 1e9,
+                median_s=t.median,
+                min_s=t.min,
+                tflops=useful / t.median / 1e12,
+                tflops_best=useful / t.min / 1e12,
+                skipped="",
+            )
+        )
     return rows
 
 
@@ -173,8 +191,19 @@ def benchmark(
     for s in square:
         rows.append(_gemm_row("square", f"{s}^3", s, s, s, dtype, warmup, trials, max_gflop))
     for name, m, n, k in zaya_shapes(model_cfg, tokens, tokens_per_expert):
-        rows.append(_gemm_row("model", f"{name}[T={tokens}]" if not name.startswith("expert")
-                              else f"{name}[Te={m}]", m, n, k, dtype, warmup, trials, max_gflop))
+        rows.append(
+            _gemm_row(
+                "model",
+                f"{name}[T={tokens}]" if not name.startswith("expert") else f"{name}[Te={m}]",
+                m,
+                n,
+                k,
+                dtype,
+                warmup,
+                trials,
+                max_gflop,
+            )
+        )
     for name, m, n, k in unaligned_shapes(unaligned_bases):
         rows.append(_gemm_row("unaligned", name, m, n, k, dtype, warmup, trials, max_gflop))
     if log:
@@ -190,17 +219,27 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
     sq = [r for r in done if r["sweep"] == "square"]
     title = f"GEMM TFLOP/s = 2MNK/t on {common.device_description()}"
     base, ext = os.path.splitext(path)
-    common.plot_panels(base + "_square" + ext, {"square M=N=K": {"median": ([r["M"] for r in sq],
-                                                                           [r["tflops"] for r in sq]),
-                                                                "best": ([r["M"] for r in sq],
-                                                                         [r["tflops_best"] for r in sq])}},
-                       xlabel="M = N = K", ylabel="TFLOP/s", title=title, xfmt=lambda v: f"{v:.0f}")
+    common.plot_panels(
+        base + "_square" + ext,
+        {
+            "square M=N=K": {
+                "median": ([r["M"] for r in sq], [r["tflops"] for r in sq]),
+                "best": ([r["M"] for r in sq], [r["tflops_best"] for r in sq]),
+            }
+        },
+        xlabel="M = N = K",
+        ylabel="TFLOP/s",
+        title=title,
+        xfmt=lambda v: f"{v:.0f}",
+    )
     bars = {}
     for sweep in ("square", "model", "unaligned", "grouped"):
         sel = [r for r in done if r["sweep"] == sweep]
         if sel:
-            bars[sweep] = {"median": [(r["name"], r["tflops"]) for r in sel],
-                           "best": [(r["name"], r["tflops_best"]) for r in sel]}
+            bars[sweep] = {
+                "median": [(r["name"], r["tflops"]) for r in sel],
+                "best": [(r["name"], r["tflops_best"]) for r in sel],
+            }
     common.plot_bars(path, bars, ylabel="TFLOP/s", title=title)
     return [os.path.basename(base + "_square" + ext), os.path.basename(path)]
 
@@ -208,9 +247,16 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
 def run(out_dir: str, *, command: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """Benchmark (kwargs as `benchmark`), reported as gemm.csv / gemm.md / gemm.png / gemm_square.png."""
     rows = benchmark(log=common.say, **kwargs)
-    return common.report(out_dir, "gemm", rows, title="GEMM throughput",
-                         table_columns=["sweep", "name", "M", "N", "K", "dtype", "median_s", "tflops",
-                                        "tflops_best", "skipped"],
-                         notes=["TFLOP/s = 2*M*N*K / t (t = median; tflops_best uses the min); grouped rows count "
-                                "useful FLOPs 2*T*H*I for both paths"],
-                         plots=lambda d: plot(rows, os.path.join(d, "gemm.png")), command=command)
+    return common.report(
+        out_dir,
+        "gemm",
+        rows,
+        title="GEMM throughput",
+        table_columns=["sweep", "name", "M", "N", "K", "dtype", "median_s", "tflops", "tflops_best", "skipped"],
+        notes=[
+            "TFLOP/s = 2*M*N*K / t (t = median; tflops_best uses the min); grouped rows count "
+            "useful FLOPs 2*T*H*I for both paths"
+        ],
+        plots=lambda d: plot(rows, os.path.join(d, "gemm.png")),
+        command=command,
+    )

@@ -83,10 +83,20 @@ def benchmark(
                 checked, correct = True, "ok"
             t = common.time_fn(kern.fn, s, *arrays, warmup=warmup, trials=trials)
             moved = kern.moved * n * dtype.itemsize
-            rows.append(dict(kernel=name, array_bytes=n * dtype.itemsize, bytes_moved=moved,
-                             dtype=dtype.name, median_s=t.median, min_s=t.min, trials=trials,
-                             GBps=moved / t.median / 1e9, GBps_best=moved / t.min / 1e9,
-                             correct=correct))
+            rows.append(
+                dict(
+                    kernel=name,
+                    array_bytes=n * dtype.itemsize,
+                    bytes_moved=moved,
+                    dtype=dtype.name,
+                    median_s=t.median,
+                    min_s=t.min,
+                    trials=trials,
+                    GBps=moved / t.median / 1e9,
+                    GBps_best=moved / t.min / 1e9,
+                    correct=correct,
+                )
+            )
             del arrays
         if log:
             log(f"membw: {name} done")
@@ -97,24 +107,42 @@ def plot(rows: Sequence[dict[str, Any]], path: str) -> list[str]:
     """GB/s vs array size on log-log axes, one line per kernel (median and best panels), and a latency panel
     (median time per kernel call); returns the file name written."""
     panels: dict[str, dict[str, tuple[list[float], list[float]]]] = {
-        "bandwidth (median)": {}, "bandwidth (best: min time)": {}, "latency (median)": {}}
+        "bandwidth (median)": {},
+        "bandwidth (best: min time)": {},
+        "latency (median)": {},
+    }
     for r in rows:
-        for panel, key, scale in (("bandwidth (median)", "GBps", 1.0), ("bandwidth (best: min time)", "GBps_best", 1.0),
-                                  ("latency (median)", "median_s", 1e6)):
+        for panel, key, scale in (
+            ("bandwidth (median)", "GBps", 1.0),
+            ("bandwidth (best: min time)", "GBps_best", 1.0),
+            ("latency (median)", "median_s", 1e6),
+        ):
             xs, ys = panels[panel].setdefault(r["kernel"], ([], []))
             xs.append(r["array_bytes"])
             ys.append(r[key] * scale)
-    common.plot_panels(path, panels, xlabel="array size", ylabel="GB/s (reads + writes)", ncols=3, logy=True,
-                       ylabels={"latency (median)": "time per call (µs)"},
-                       title=f"memory bandwidth on {common.device_description()}")
+    common.plot_panels(
+        path,
+        panels,
+        xlabel="array size",
+        ylabel="GB/s (reads + writes)",
+        ncols=3,
+        logy=True,
+        ylabels={"latency (median)": "time per call (µs)"},
+        title=f"memory bandwidth on {common.device_description()}",
+    )
     return [os.path.basename(path)]
 
 
 def run(out_dir: str, *, command: str | None = None, **kwargs: Any) -> list[dict[str, Any]]:
     """Benchmark (kwargs as `benchmark`), reported as membw.csv / membw.md / membw.png."""
     rows = benchmark(log=common.say, **kwargs)
-    return common.report(out_dir, "membw", rows, title="Memory bandwidth (STREAM-style copy / scale / triad)",
-                         table_columns=["kernel", "array_bytes", "median_s", "GBps", "GBps_best"],
-                         notes=["GB/s = (bytes read + bytes written) / t; copy and scale move 2N elements, "
-                                "triad 3N"],
-                         plots=lambda d: plot(rows, os.path.join(d, "membw.png")), command=command)
+    return common.report(
+        out_dir,
+        "membw",
+        rows,
+        title="Memory bandwidth (STREAM-style copy / scale / triad)",
+        table_columns=["kernel", "array_bytes", "median_s", "GBps", "GBps_best"],
+        notes=["GB/s = (bytes read + bytes written) / t; copy and scale move 2N elements, triad 3N"],
+        plots=lambda d: plot(rows, os.path.join(d, "membw.png")),
+        command=command,
+    )

@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from zaya_jax.bench import common
 from zaya_jax.config import CONCRETE_DISPATCHES
@@ -27,9 +28,23 @@ from zaya_jax.model.moe import MoE, capacity
 from zaya_jax.model.zaya import frozen
 from zaya_jax.parallel.mesh import AXES
 
-COLUMNS = ("dispatch", "devices", "tokens", "hidden", "experts", "expert_width", "dense_width", "capacity_factor",
-           "moe_s_median", "moe_s_min", "dense_s_median", "ratio_vs_dense", "expert_work_factor",
-           "dropped_fraction", "active_gflop")
+COLUMNS = (
+    "dispatch",
+    "devices",
+    "tokens",
+    "hidden",
+    "experts",
+    "expert_width",
+    "dense_width",
+    "capacity_factor",
+    "moe_s_median",
+    "moe_s_min",
+    "dense_s_median",
+    "ratio_vs_dense",
+    "expert_work_factor",
+    "dropped_fraction",
+    "active_gflop",
+)
 DISPATCHES = CONCRETE_DISPATCHES  # every dispatch but "auto"
 
 
@@ -46,8 +61,10 @@ def dense_width(m: ml_collections.ConfigDict) -> int:
 
 def swiglu_params(h: int, i: int, seed: int = 0) -> dict[str, jax.Array]:
     rng = np.random.default_rng(seed)
-    return {"w_in": jnp.asarray(0.02 * rng.standard_normal((h, 2 * i), np.float32)),
-            "w_out": jnp.asarray(0.02 * rng.standard_normal((i, h), np.float32))}
+    return {
+        "w_in": jnp.asarray(0.02 * rng.standard_normal((h, 2 * i), np.float32)),
+        "w_out": jnp.asarray(0.02 * rng.standard_normal((i, h), np.float32)),
+    }
 
 
 def dense_swiglu(p: dict[str, jax.Array], x: jax.Array) -> jax.Array:
@@ -60,8 +77,9 @@ def _grad_fn(f):
     return jax.jit(jax.grad(lambda p, x, c: jnp.vdot(f(p, x), c), argnums=(0, 1)))
 
 
-def time_moe(m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: Sequence, warmup: int,
-             trials: int) -> dict[str, Any]:
+def time_moe(
+    m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: Sequence, warmup: int, trials: int
+) -> dict[str, Any]:
     """Time the MoE block (fwd+bwd) and its equal-FLOPs dense baseline on `devices`."""
     cfg = ml_collections.ConfigDict(m.to_dict())
     cfg.dispatch = dispatch
@@ -72,8 +90,7 @@ def time_moe(m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: 
     cot = jnp.asarray(rng.standard_normal((1, tokens, m.hidden_size), np.float32))
     state = jnp.zeros((1, tokens, m.router_hidden_size), jnp.float32)
     n = len(devices)
-    mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 1, n), AXES,
-                             axis_types=(jax.sharding.AxisType.Auto,) * 3)
+    mesh = jax.sharding.Mesh(np.asarray(devices).reshape(1, 1, n), AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3)
     tok = NamedSharding(mesh, P(None, "expert"))  # tokens split over the devices
     x, cot, state = (jax.device_put(a, tok) for a in (x, cot, state))
     params = jax.device_put(params, NamedSharding(mesh, P()))
@@ -92,52 +109,93 @@ def time_moe(m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: 
         t_dense = common.time_fn(dense_grad, dense_p, x, cot, warmup=warmup, trials=trials)
     expert_tokens = int(np.sum(stats.counts[:-1]))
     router, expert = active_flops_per_token(m)
-    work = {"dense": float(m.num_experts), "ragged": float(m.num_experts) if jax.default_backend() == "cpu" else 1.0,
-            "capacity": m.num_experts * capacity(tokens, m.num_experts, m.capacity_factor) / tokens,
-            "ep": m.num_experts * capacity(tokens // n, m.num_experts, m.capacity_factor) / (tokens // n),
-            "grouped": float(np.sum(-(-np.asarray(stats.counts[:-1]) // 16) * 16)) / tokens}  # rows rounded to 16
-    return dict(dispatch=dispatch, devices=n, tokens=tokens, hidden=m.hidden_size, experts=m.num_experts,
-                expert_width=m.moe_intermediate_size, dense_width=dense_width(m), capacity_factor=m.capacity_factor,
-                moe_s_median=t_moe.median, moe_s_min=t_moe.min, dense_s_median=t_dense.median,
-                ratio_vs_dense=common.ratio(t_moe.median, t_dense.median),
-                expert_work_factor=work.get(dispatch, float("nan")),
-                dropped_fraction=common.ratio(float(stats.dropped), max(expert_tokens, 1)),
-                active_gflop=3 * tokens * (router + expert) / 1e9)
+    work = {
+        "dense": float(m.num_experts),
+        "ragged": float(m.num_experts) if jax.default_backend() == "cpu" else 1.0,
+        "capacity": m.num_experts * capacity(tokens, m.num_experts, m.capacity_factor) / tokens,
+        "ep": m.num_experts * capacity(tokens // n, m.num_experts, m.capacity_factor) / (tokens // n),
+        "grouped": float(np.sum(-(-np.asarray(stats.counts[:-1]) // 16) * 16)) / tokens,
+    }  # rows rounded to 16
+    return dict(
+        dispatch=dispatch,
+        devices=n,
+        tokens=tokens,
+        hidden=m.hidden_size,
+        experts=m.num_experts,
+        expert_width=m.moe_intermediate_size,
+        dense_width=dense_width(m),
+        capacity_factor=m.capacity_factor,
+        moe_s_median=t_moe.median,
+        moe_s_min=t_moe.min,
+        dense_s_median=t_dense.median,
+        ratio_vs_dense=common.ratio(t_moe.median, t_dense.median),
+        expert_work_factor=work.get(dispatch, float("nan")),
+        dropped_fraction=common.ratio(float(stats.dropped), max(expert_tokens, 1)),
+        active_gflop=3 * tokens * (router + expert) / 1e9,
+    )
 
 
-def benchmark(m: ml_collections.ConfigDict, tokens: int, dispatches: Sequence[str] = DISPATCHES,
-              capacity_factors: Sequence[float] = (), ep_devices: int | None = None, warmup: int = 1,
-              trials: int = 3, log=print) -> list[dict[str, Any]]:
+def benchmark(
+    m: ml_collections.ConfigDict,
+    tokens: int,
+    dispatches: Sequence[str] = DISPATCHES,
+    capacity_factors: Sequence[float] = (),
+    ep_devices: int | None = None,
+    warmup: int = 1,
+    trials: int = 3,
+    log=print,
+) -> list[dict[str, Any]]:
     """One row per dispatch (capacity / ep once per capacity factor in `capacity_factors`, default the config's)."""
     rows = []
     cfs = list(capacity_factors) or [float(m.capacity_factor)]
     for dispatch in dispatches:
-        for cf in (cfs if dispatch in ("capacity", "ep") else [float(m.capacity_factor)]):
+        for cf in cfs if dispatch in ("capacity", "ep") else [float(m.capacity_factor)]:
             mm = ml_collections.ConfigDict(m.to_dict())
             mm.capacity_factor = cf
             n = 1
             if dispatch == "ep":
-                n = ep_devices or max(d for d in (1, 2, 4, 8, 16) if d <= jax.device_count()
-                                      and m.num_experts % d == 0)
+                n = ep_devices or max(d for d in (1, 2, 4, 8, 16) if d <= jax.device_count() and m.num_experts % d == 0)
             row = time_moe(mm, tokens, dispatch, jax.devices()[:n], warmup, trials)
-            log(f"moe: {dispatch} cf={cf:g} devices={n}: {row['moe_s_median'] * 1e3:.1f} ms vs dense "
-                f"{row['dense_s_median'] * 1e3:.1f} ms -> {row['ratio_vs_dense']:.2f}x")
+            log(
+                f"moe: {dispatch} cf={cf:g} devices={n}: {row['moe_s_median'] * 1e3:.1f} ms vs dense "
+                f"{row['dense_s_median'] * 1e3:.1f} ms -> {row['ratio_vs_dense']:.2f}x"
+            )
             rows.append(row)
     return rows
 
 
-def run(out_dir: str, m: ml_collections.ConfigDict, tokens: int, *, command: str | None = None, **kwargs: Any
-        ) -> list[dict[str, Any]]:
+def run(
+    out_dir: str, m: ml_collections.ConfigDict, tokens: int, *, command: str | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
     """`benchmark(...)` reported as moe.csv / moe.md."""
     rows = benchmark(m, tokens, log=common.say, **kwargs)
-    cols = ["dispatch", "devices", "capacity_factor", "moe_s_median", "dense_s_median", "ratio_vs_dense",
-            "expert_work_factor", "dropped_fraction"]
+    cols = [
+        "dispatch",
+        "devices",
+        "capacity_factor",
+        "moe_s_median",
+        "dense_s_median",
+        "ratio_vs_dense",
+        "expert_work_factor",
+        "dropped_fraction",
+    ]
     best = min(rows, key=lambda r: r["ratio_vs_dense"])
-    geometry = (f"T={tokens} tokens, hidden {m.hidden_size}, {m.num_experts} experts of width "
-                f"{m.moe_intermediate_size}, router {m.router_hidden_size}; dense baseline width "
-                f"{dense_width(m)} (equal active FLOPs incl. the router); forward + backward, f32")
-    return common.report(out_dir, "moe", rows, title="MoE block vs dense SwiGLU of equal active FLOPs",
-                         table_columns=cols, csv_columns=COLUMNS,
-                         sections=[("Setup", geometry + "\n\n" + __doc__.split("\n\n", 1)[1])],
-                         notes=[f"best dispatch: {best['dispatch']} (capacity factor {best['capacity_factor']:g}): "
-                                f"{best['ratio_vs_dense']:.2f}x the dense block"], command=command)
+    geometry = (
+        f"T={tokens} tokens, hidden {m.hidden_size}, {m.num_experts} experts of width "
+        f"{m.moe_intermediate_size}, router {m.router_hidden_size}; dense baseline width "
+        f"{dense_width(m)} (equal active FLOPs incl. the router); forward + backward, f32"
+    )
+    return common.report(
+        out_dir,
+        "moe",
+        rows,
+        title="MoE block vs dense SwiGLU of equal active FLOPs",
+        table_columns=cols,
+        csv_columns=COLUMNS,
+        sections=[("Setup", geometry + "\n\n" + __doc__.split("\n\n", 1)[1])],
+        notes=[
+            f"best dispatch: {best['dispatch']} (capacity factor {best['capacity_factor']:g}): "
+            f"{best['ratio_vs_dense']:.2f}x the dense block"
+        ],
+        command=command,
+    )

@@ -38,8 +38,17 @@ class TorchTrainer:
     """`ZayaForCausalLM` + AdamW on CPU. `step(ids [B, S] int)` runs forward (`labels=ids`, so the loss is
     the mean next-token CE over B·(S−1) tokens), backward and the optimizer step; returns the loss."""
 
-    def __init__(self, m: ml_collections.ConfigDict, arrays: dict[tuple, np.ndarray], *, lr: float,
-                 betas: tuple[float, float], eps: float, weight_decay: float, threads: int | None = None):
+    def __init__(
+        self,
+        m: ml_collections.ConfigDict,
+        arrays: dict[tuple, np.ndarray],
+        *,
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        threads: int | None = None,
+    ):
         import torch
         import transformers
 
@@ -57,8 +66,7 @@ class TorchTrainer:
         if missing or unexpected:
             raise ValueError(f"HF state mismatch: missing {missing[:3]}, unexpected {unexpected[:3]}")
         self.model.train()
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps,
-                                     weight_decay=weight_decay)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         self.attn_implementation = getattr(self.model.config, "_attn_implementation", "?")
         self.threads = torch.get_num_threads()
 

@@ -42,18 +42,56 @@ from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import create_train_state
 from zaya_jax.train.step import make_train_step
 
-COLUMNS = ("impl", "optimizer", "dispatch", "dtype", "params_M", "batch", "seq", "tokens_per_step", "steps",
-           "compile_s", "step_s_median", "step_s_min", "tokens_per_s", "ratio_vs_transformers",
-           "flops_per_token", "model_gflops_per_s", "gemm_peak_gflops", "mfu", "loss_first", "loss_last",
-           "max_abs_loss_diff", "dropped_fraction", "notes")
+COLUMNS = (
+    "impl",
+    "optimizer",
+    "dispatch",
+    "dtype",
+    "params_M",
+    "batch",
+    "seq",
+    "tokens_per_step",
+    "steps",
+    "compile_s",
+    "step_s_median",
+    "step_s_min",
+    "tokens_per_s",
+    "ratio_vs_transformers",
+    "flops_per_token",
+    "model_gflops_per_s",
+    "gemm_peak_gflops",
+    "mfu",
+    "loss_first",
+    "loss_last",
+    "max_abs_loss_diff",
+    "dropped_fraction",
+    "notes",
+)
 SIDES = ("zaya_jax", "transformers")
-QUICK_MODEL = dict(vocab_size=512, hidden_size=64, num_layers=2, num_q_heads=4, num_kv_heads=2, head_dim=16,
-                   num_experts=4, moe_intermediate_size=64, router_hidden_size=16, max_position_embeddings=256)
+QUICK_MODEL = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_layers=2,
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    num_experts=4,
+    moe_intermediate_size=64,
+    router_hidden_size=16,
+    max_position_embeddings=256,
+)
 
 
-def bench_config(config: ml_collections.ConfigDict, *, quick: bool = False, batch: int | None = None,
-                 seq: int | None = None, dispatch: str | None = None, dtype: str | None = None,
-                 remat: str | None = None) -> ml_collections.ConfigDict:
+def bench_config(
+    config: ml_collections.ConfigDict,
+    *,
+    quick: bool = False,
+    batch: int | None = None,
+    seq: int | None = None,
+    dispatch: str | None = None,
+    dtype: str | None = None,
+    remat: str | None = None,
+) -> ml_collections.ConfigDict:
     """A copy of `config` with the reference's semantics (see module docstring) and optional overrides.
 
     quick: a ~0.2M-parameter model, batch 4 × 64 (smoke tests)."""
@@ -84,8 +122,12 @@ def make_batches(vocab: int, batch: int, seq: int, n: int, seed: int = 0) -> lis
 
 def adamw_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:
     o = config.optimizer
-    return dict(lr=float(o.adam_learning_rate), betas=(float(o.adam_b1), float(o.adam_b2)), eps=float(o.adam_eps),
-                weight_decay=float(o.weight_decay))
+    return dict(
+        lr=float(o.adam_learning_rate),
+        betas=(float(o.adam_b1), float(o.adam_b2)),
+        eps=float(o.adam_eps),
+        weight_decay=float(o.weight_decay),
+    )
 
 
 class JaxTrainer:
@@ -96,8 +138,9 @@ class JaxTrainer:
         self.mesh = make_mesh(config, list(devices or jax.devices()[:1]))
         if optimizer == "adamw":
             h = adamw_hparams(config)
-            self.tx = optax.adamw(h["lr"], b1=h["betas"][0], b2=h["betas"][1], eps=h["eps"],
-                                  weight_decay=h["weight_decay"])
+            self.tx = optax.adamw(
+                h["lr"], b1=h["betas"][0], b2=h["betas"][1], eps=h["eps"], weight_decay=h["weight_decay"]
+            )
         elif optimizer == "muon":
             self.tx = make_optimizer(config)
         else:
@@ -133,25 +176,60 @@ class JaxTrainer:
         return loss, seconds, float(np.mean(np.asarray(metrics["dropped_fraction"])))
 
 
-def _row(impl: str, optimizer: str, config: ml_collections.ConfigDict, times: list[float], losses: list[float],
-         compile_s: float, peak: float, notes: str, dropped: float = float("nan")) -> dict[str, Any]:
+def _row(
+    impl: str,
+    optimizer: str,
+    config: ml_collections.ConfigDict,
+    times: list[float],
+    losses: list[float],
+    compile_s: float,
+    peak: float,
+    notes: str,
+    dropped: float = float("nan"),
+) -> dict[str, Any]:
     m, t = config.model, config.train
     tokens = t.global_batch_size * t.seq_len
     fpt = train_flops_per_token(m, t.seq_len)
     med = statistics.median(times)
     tps = tokens / med
-    return dict(impl=impl, optimizer=optimizer, dispatch=m.dispatch if impl == "zaya_jax" else "per-expert loop",
-                dtype=m.dtype if impl == "zaya_jax" else "float32", params_M=param_counts(m)["total"] / 1e6,
-                batch=t.global_batch_size, seq=t.seq_len, tokens_per_step=tokens, steps=len(times),
-                compile_s=compile_s, step_s_median=med, step_s_min=min(times), tokens_per_s=tps,
-                flops_per_token=fpt, model_gflops_per_s=tps * fpt / 1e9, gemm_peak_gflops=peak / 1e9,
-                mfu=tps * fpt / peak, loss_first=losses[0], loss_last=losses[-1], dropped_fraction=dropped,
-                notes=notes, _losses=losses, _times=list(times))
+    return dict(
+        impl=impl,
+        optimizer=optimizer,
+        dispatch=m.dispatch if impl == "zaya_jax" else "per-expert loop",
+        dtype=m.dtype if impl == "zaya_jax" else "float32",
+        params_M=param_counts(m)["total"] / 1e6,
+        batch=t.global_batch_size,
+        seq=t.seq_len,
+        tokens_per_step=tokens,
+        steps=len(times),
+        compile_s=compile_s,
+        step_s_median=med,
+        step_s_min=min(times),
+        tokens_per_s=tps,
+        flops_per_token=fpt,
+        model_gflops_per_s=tps * fpt / 1e9,
+        gemm_peak_gflops=peak / 1e9,
+        mfu=tps * fpt / peak,
+        loss_first=losses[0],
+        loss_last=losses[-1],
+        dropped_fraction=dropped,
+        notes=notes,
+        _losses=losses,
+        _times=list(times),
+    )
 
 
-def benchmark(config: ml_collections.ConfigDict, *, steps: int = 3, warmup: int = 1,
-              optimizers: Sequence[str] = ("adamw",), reference: bool = True, gemm_size: int = 1024,
-              sides: Sequence[str] = SIDES, log=print) -> list[dict[str, Any]]:
+def benchmark(
+    config: ml_collections.ConfigDict,
+    *,
+    steps: int = 3,
+    warmup: int = 1,
+    optimizers: Sequence[str] = ("adamw",),
+    reference: bool = True,
+    gemm_size: int = 1024,
+    sides: Sequence[str] = SIDES,
+    log=print,
+) -> list[dict[str, Any]]:
     """Rows for each JAX optimizer and (if available and `reference`) the transformers reference.
 
     `config` should come from `bench_config`. Steps alternate JAX / torch; the first `warmup` steps of each
@@ -194,17 +272,28 @@ def benchmark(config: ml_collections.ConfigDict, *, steps: int = 3, warmup: int 
                 else:
                     ttimes.append(sec)
             peaks.append(gemm.measure_gemm_peak(jnp.float32, size=gemm_size, warmup=1, trials=2))
-            log(f"train: step {i}{' (warm-up)' if i < warmup else ''}:" +
-                (f" zaya_jax {jl[-1]:.5f} {jtimes[-1] if i >= warmup else jcompile:.2f} s" if run_jax else "") +
-                (f" | transformers {tl[-1]:.5f} {ttimes[-1] if i >= warmup else tcompile:.2f} s" if tt else ""))
+            log(
+                f"train: step {i}{' (warm-up)' if i < warmup else ''}:"
+                + (f" zaya_jax {jl[-1]:.5f} {jtimes[-1] if i >= warmup else jcompile:.2f} s" if run_jax else "")
+                + (f" | transformers {tl[-1]:.5f} {ttimes[-1] if i >= warmup else tcompile:.2f} s" if tt else "")
+            )
         peak = statistics.median(peaks)
         if tt is not None:
-            rows.append(_row("transformers", "adamw", config, ttimes, tl, tcompile, peak,
-                             f"{torch_ref.describe(tt)}; first step (untimed) {tcompile:.1f} s"))
+            rows.append(
+                _row(
+                    "transformers",
+                    "adamw",
+                    config,
+                    ttimes,
+                    tl,
+                    tcompile,
+                    peak,
+                    f"{torch_ref.describe(tt)}; first step (untimed) {tcompile:.1f} s",
+                )
+            )
         if run_jax:
             notes = f"init {jt.init_s:.1f} s; mesh {dict(jt.mesh.shape)}; GEMM peak: median of {len(peaks)}"
-            rows.append(_row("zaya_jax", optimizer, config, jtimes, jl, jcompile, peak, notes,
-                             float(np.max(dropped))))
+            rows.append(_row("zaya_jax", optimizer, config, jtimes, jl, jcompile, peak, notes, float(np.max(dropped))))
         del jt, tt
     if reference and not ok:
         rows.append(dict(impl="transformers", notes=f"not run: {why}"))
@@ -224,8 +313,7 @@ def compare(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def pool_rounds(config: ml_collections.ConfigDict, rounds: Sequence[Sequence[dict[str, Any]]]
-                ) -> list[dict[str, Any]]:
+def pool_rounds(config: ml_collections.ConfigDict, rounds: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Rows of several runs (e.g. each side in its own process, alternating) → one row per (impl,
     optimizer) with all timed steps pooled (median over every step), GEMM peak = median of the runs'."""
     groups: dict[tuple, list[dict[str, Any]]] = {}
@@ -239,41 +327,81 @@ def pool_rounds(config: ml_collections.ConfigDict, rounds: Sequence[Sequence[dic
         peak = statistics.median(r["gemm_peak_gflops"] for r in runs) * 1e9
         notes = f"{len(runs)} separate runs pooled; first: {runs[0]['notes']}"
         dropped = max(float(r["dropped_fraction"]) for r in runs)
-        pooled.append(_row(impl, optimizer, config, times, runs[0]["_losses"], runs[0]["compile_s"], peak, notes,
-                           dropped))
+        pooled.append(
+            _row(impl, optimizer, config, times, runs[0]["_losses"], runs[0]["compile_s"], peak, notes, dropped)
+        )
     return compare(pooled)
 
 
-TABLE_COLUMNS = ("impl", "optimizer", "dispatch", "dtype", "step_s_median", "step_s_min", "tokens_per_s",
-                 "ratio_vs_transformers", "mfu", "compile_s", "loss_first", "loss_last", "max_abs_loss_diff",
-                 "dropped_fraction")
+TABLE_COLUMNS = (
+    "impl",
+    "optimizer",
+    "dispatch",
+    "dtype",
+    "step_s_median",
+    "step_s_min",
+    "tokens_per_s",
+    "ratio_vs_transformers",
+    "mfu",
+    "compile_s",
+    "loss_first",
+    "loss_last",
+    "max_abs_loss_diff",
+    "dropped_fraction",
+)
 
 
 def sections(rows: Sequence[dict[str, Any]], config: ml_collections.ConfigDict, extra: Sequence[str] = ()) -> list:
     """Markdown (heading, body) sections around the results table: model geometry, losses per step, notes."""
     m = config.model
-    geometry = (f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_q_heads} q / {m.num_kv_heads} kv heads of "
-                f"{m.head_dim}, {m.num_experts} experts of width {m.moe_intermediate_size}, router "
-                f"{m.router_hidden_size}, vocab {m.vocab_size}; batch {config.train.global_batch_size} x "
-                f"{config.train.seq_len}")
-    losses = "\n".join(f"- {r['impl']} ({r.get('optimizer', '')}): " +
-                       ", ".join(f"{x:.5f}" for x in r.get("_losses", [])) for r in rows if r.get("_losses"))
+    geometry = (
+        f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_q_heads} q / {m.num_kv_heads} kv heads of "
+        f"{m.head_dim}, {m.num_experts} experts of width {m.moe_intermediate_size}, router "
+        f"{m.router_hidden_size}, vocab {m.vocab_size}; batch {config.train.global_batch_size} x "
+        f"{config.train.seq_len}"
+    )
+    losses = "\n".join(
+        f"- {r['impl']} ({r.get('optimizer', '')}): " + ", ".join(f"{x:.5f}" for x in r.get("_losses", []))
+        for r in rows
+        if r.get("_losses")
+    )
     notes = "\n".join(f"- {r['impl']}: {r.get('notes', '')}" for r in rows)
-    return [("Model", geometry), ("Losses per step (warm-up included)", losses),
-            ("Implementations", notes + "\n" + "\n".join(extra))]
+    return [
+        ("Model", geometry),
+        ("Losses per step (warm-up included)", losses),
+        ("Implementations", notes + "\n" + "\n".join(extra)),
+    ]
 
 
-def run(out_dir: str, config: ml_collections.ConfigDict, *, command: str | None = None,
-        extra_rows: Sequence[dict[str, Any]] = (), extra_notes: Sequence[str] = (),
-        rows: Sequence[dict[str, Any]] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+def run(
+    out_dir: str,
+    config: ml_collections.ConfigDict,
+    *,
+    command: str | None = None,
+    extra_rows: Sequence[dict[str, Any]] = (),
+    extra_notes: Sequence[str] = (),
+    rows: Sequence[dict[str, Any]] | None = None,
+    **kwargs: Any,
+) -> list[dict[str, Any]]:
     """`benchmark(config, **kwargs)` (or the given `rows`) reported as train.csv / train.md, plus
     train_rows.json (rows with every step's time and loss, for `pool_rounds`)."""
     rows = list(benchmark(config, log=common.say, **kwargs) if rows is None else rows) + list(extra_rows)
-    ratios = [f"{r['optimizer']}: ratio vs transformers: {r['ratio_vs_transformers']:.2f}x; MFU {r['mfu']:.1%}"
-              for r in rows if r["impl"] == "zaya_jax" and is_finite_positive(r.get("ratio_vs_transformers"))]
-    common.report(out_dir, "train", rows, title="Training throughput vs transformers",
-                  table_columns=list(TABLE_COLUMNS), csv_columns=COLUMNS, sections=sections(rows, config, extra_notes),
-                  notes=ratios, command=command)
+    ratios = [
+        f"{r['optimizer']}: ratio vs transformers: {r['ratio_vs_transformers']:.2f}x; MFU {r['mfu']:.1%}"
+        for r in rows
+        if r["impl"] == "zaya_jax" and is_finite_positive(r.get("ratio_vs_transformers"))
+    ]
+    common.report(
+        out_dir,
+        "train",
+        rows,
+        title="Training throughput vs transformers",
+        table_columns=list(TABLE_COLUMNS),
+        csv_columns=COLUMNS,
+        sections=sections(rows, config, extra_notes),
+        notes=ratios,
+        command=command,
+    )
     if common.is_writer():
         common.write_json(os.path.join(out_dir, "train_rows.json"), rows)
     return rows

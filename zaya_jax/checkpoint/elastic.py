@@ -3,7 +3,8 @@
 The supervisor (or an operator) exports `ZAYA_AVAILABLE_DEVICES=N` when only N devices are healthy.
 Before jax starts its backend, `apply_to_environment()` makes the process see N devices: on a CPU host the
 emulated device count (`jax_num_cpu_devices`), on GPU hosts `CUDA_VISIBLE_DEVICES` / `HIP_VISIBLE_DEVICES`
-(the first N entries of the list, or 0..N-1 if unset). After the config is loaded, `shrink_mesh(config, N)` picks the largest mesh of at most N
+(the first N entries of the list, or 0..N-1 if unset). After the config is loaded, `shrink_mesh(config, N)`
+picks the largest mesh of at most N
 devices that the config can run on (the global batch must still split evenly) and rebuilds the mesh request
 with `mesh.data = -1`; if that mesh uses fewer than N devices, `use_devices(k)` hides the rest. The trainer
 then restores the last checkpoint onto the smaller mesh. The global batch size is a config constant and
@@ -72,8 +73,9 @@ def shrink_mesh(config, num_devices: int) -> dict[str, int]:
     first_error = None
     for k in range(num_devices, 0, -1):
         for context in (c for c in _divisors(max(int(mesh.context), 1)) if k % c == 0):
-            for expert in (e for e in _divisors(max(int(mesh.expert), 1)) if (k // context) % e == 0
-                           and experts % e == 0):
+            for expert in (
+                e for e in _divisors(max(int(mesh.expert), 1)) if (k // context) % e == 0 and experts % e == 0
+            ):
                 sizes = {"data": k // (context * expert), "expert": expert, "context": context}
                 try:
                     check_layout(config, sizes)
@@ -82,5 +84,7 @@ def shrink_mesh(config, num_devices: int) -> dict[str, int]:
                     continue
                 mesh.context, mesh.expert, mesh.data = context, expert, -1
                 return sizes
-    raise ConfigError(f"elastic restart on {num_devices} devices: no mesh of at most {num_devices} devices fits the "
-                      f"config ({first_error})")
+    raise ConfigError(
+        f"elastic restart on {num_devices} devices: no mesh of at most {num_devices} devices fits the "
+        f"config ({first_error})"
+    )

@@ -96,14 +96,24 @@ class Heartbeat:
     @classmethod
     def for_workdir(cls, workdir: str, total_steps: int | None = None, *, enabled: bool = True) -> "Heartbeat":
         """The file named by $ZAYA_HEARTBEAT_FILE, else `<workdir>/heartbeat.json`."""
-        return cls(os.environ.get(HEARTBEAT_ENV) or os.path.join(workdir, "heartbeat.json"), total_steps,
-                   enabled=enabled)
+        return cls(
+            os.environ.get(HEARTBEAT_ENV) or os.path.join(workdir, "heartbeat.json"), total_steps, enabled=enabled
+        )
 
     def beat(self, step: int, phase: str = "train", **extra: Any) -> None:
         if self.enabled:
-            _atomic_write_json(self.path, {"step": int(step), "phase": phase, "time": time.time(), "pid": os.getpid(),
-                                           "host": socket.gethostname(),
-                                           "attempt_id": os.environ.get(ATTEMPT_ENV), **extra})
+            _atomic_write_json(
+                self.path,
+                {
+                    "step": int(step),
+                    "phase": phase,
+                    "time": time.time(),
+                    "pid": os.getpid(),
+                    "host": socket.gethostname(),
+                    "attempt_id": os.environ.get(ATTEMPT_ENV),
+                    **extra,
+                },
+            )
 
     def __call__(self, step: int, state: Any = None, metrics: Any = None) -> None:
         final = self.total_steps is not None and step >= self.total_steps

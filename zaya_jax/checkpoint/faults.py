@@ -29,8 +29,17 @@ from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError
 from zaya_jax.checkpoint.events import EventLog, _atomic_write_json, read_json
 
 FAULTS_ENV = "ZAYA_FAULTS"
-KINDS = ("crash", "hang", "nan", "spike", "sigkill", "sigkill_during_save", "sigterm", "corrupt_checkpoint",
-         "device_loss")
+KINDS = (
+    "crash",
+    "hang",
+    "nan",
+    "spike",
+    "sigkill",
+    "sigkill_during_save",
+    "sigterm",
+    "corrupt_checkpoint",
+    "device_loss",
+)
 CORRUPTIONS = ("truncate", "bitflip", "drop_state_metadata", "drop_meta", "drop_data")
 STATE_FILE = "faults_fired.json"
 DEVICES_FILE = "available_devices"
@@ -171,5 +180,14 @@ def read_available_devices(path: str) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-__all__ = ["FAULTS_ENV", "KINDS", "Fault", "FaultInjector", "InjectedFault", "corrupt_step_dir", "parse_faults",
-           "available_devices_file", "read_available_devices"]
+__all__ = [
+    "FAULTS_ENV",
+    "KINDS",
+    "Fault",
+    "FaultInjector",
+    "InjectedFault",
+    "corrupt_step_dir",
+    "parse_faults",
+    "available_devices_file",
+    "read_available_devices",
+]

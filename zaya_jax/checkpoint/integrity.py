@@ -64,7 +64,7 @@ def block_sums(block: np.ndarray, start: tuple[int, ...], shape: tuple[int, ...]
     first = (tuple(start) or (0,))[:-1] + ((tuple(start) or (0,))[-1] * scale,)
     index = np.zeros(w.shape, _U32)
     for axis, (lo, n) in enumerate(zip(first, w.shape)):
-        stride = math.prod(full[axis + 1:]) % 2**32
+        stride = math.prod(full[axis + 1 :]) % 2**32
         along = ((np.arange(n, dtype=np.uint64) + lo) * stride % 2**32).astype(_U32)
         index += along.reshape((n,) + (1,) * (w.ndim - axis - 1))
     h1 = np.sum(w * (_U32(2) * index + _U32(1)), dtype=_U32)
@@ -113,8 +113,10 @@ def verify(tree: Any, saved: dict[str, list], where: str) -> None:
     got = manifest(tree)
     bad = [name for name, entry in got.items() if name in saved and list(saved[name]) != entry]
     if bad:
-        raise CorruptCheckpointError(f"{where} is corrupt: {len(bad)} array(s) do not match their checksums "
-                                     f"(e.g. {bad[0]!r}); a damaged or bit-rotted file")
+        raise CorruptCheckpointError(
+            f"{where} is corrupt: {len(bad)} array(s) do not match their checksums "
+            f"(e.g. {bad[0]!r}); a damaged or bit-rotted file"
+        )
 
 
 def _canonical(meta: dict) -> bytes:
@@ -131,4 +133,3 @@ def check_seal(meta: dict, where: str) -> None:
     """Raise CorruptCheckpointError if `meta` carries a digest that does not match it (no digest: older format)."""
     if DIGEST_KEY in meta and meta[DIGEST_KEY] != hashlib.sha256(_canonical(meta)).hexdigest():
         raise CorruptCheckpointError(f"{where} is corrupt: its metadata does not match its checksum")
-

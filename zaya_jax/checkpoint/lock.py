@@ -36,8 +36,13 @@ _held: dict[str, list] = {}  # lock file -> [fd, count]: re-entrant within one p
 
 
 def _record(owner: str) -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(), "owner": owner,
-            "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:300]}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "owner": owner,
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": " ".join(sys.argv)[:300],
+    }
 
 
 def _read(fd: int) -> dict | None:
@@ -109,8 +114,9 @@ class DirLock:
                 return None
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as err:
-            raise CheckpointConfigError(f"{label} {directory}: cannot create its lock file ({err.strerror}); "
-                                        "pass a writable directory") from err
+            raise CheckpointConfigError(
+                f"{label} {directory}: cannot create its lock file ({err.strerror}); pass a writable directory"
+            ) from err
         try:
             previous = self._lock_fd(fd, path, label, directory, wait_s)
             _write(fd, _record(self.owner))
@@ -138,8 +144,10 @@ class DirLock:
                     return rec
             other_host = bool(rec) and rec.get("host") != socket.gethostname()
             if not other_host or time.monotonic() >= deadline:
-                raise WorkdirLockedError(f"{label} {directory} is in use by {_holder(rec)}; wait for it to finish or "
-                                         f"stop it, or use another {label}")
+                raise WorkdirLockedError(
+                    f"{label} {directory} is in use by {_holder(rec)}; wait for it to finish or "
+                    f"stop it, or use another {label}"
+                )
             time.sleep(min(2.0, max(deadline - time.monotonic(), 0.0)))
 
     def _start_refresh(self, path: str) -> None:
@@ -149,6 +157,7 @@ class DirLock:
                     os.utime(path)
                 except OSError:
                     return
+
         threading.Thread(target=refresh, name="zaya-lock-refresh", daemon=True).start()
 
     def release(self) -> None:

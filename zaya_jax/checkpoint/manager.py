@@ -11,7 +11,8 @@ committed. A writable `Checkpointer` has Orbax remove leftovers of interrupted s
 directory (`cleanup_tmp_directories`; the trainer holds the workdir lock by then) and logs their names.
 Retention (keep the newest `keep` committed steps plus every multiple of `keep_every`) is Orbax's
 preservation policy (`LatestN` ∪ `EveryNSteps`), applied by Orbax after a new save has committed, so the
-previous good checkpoint is never deleted before the new one commits. Restores build their target from the *current* mesh (ShapeDtypeStructs with
+previous good checkpoint is never deleted before the new one commits. Restores build their target from the
+*current* mesh (ShapeDtypeStructs with
 NamedShardings), so any mesh works. Every restore is checked against the checksums: a missing,
 truncated or bit-rotted file raises `CorruptCheckpointError` (the trainer quarantines the step and falls
 back to the previous one); a config that builds a different tree raises `CheckpointConfigError`.
@@ -45,9 +46,11 @@ TMP_MARKER = ".orbax-checkpoint-tmp"
 
 def abstract_target(tree: Any, shardings: Any, dtype_fn=None) -> Any:
     """ShapeDtypeStructs (with the given shardings) for every array leaf of `tree`."""
+
     def leaf(x, s):
         dtype = dtype_fn(x) if dtype_fn else x.dtype
         return jax.ShapeDtypeStruct(x.shape, dtype, sharding=s)
+
     return jax.tree.map(leaf, tree, shardings)
 
 
@@ -63,8 +66,10 @@ def _check_writable(directory: str) -> None:
         raise CheckpointConfigError(f"checkpoint directory {directory}: {probe} exists and is not a directory")
     read_only_fs = bool(os.statvfs(probe).f_flag & getattr(os, "ST_RDONLY", 1))
     if read_only_fs or not os.access(probe, os.W_OK | os.X_OK):
-        raise CheckpointConfigError(f"checkpoint directory {directory} is not writable ({probe} is read-only); "
-                                    "pass a writable --workdir or checkpoint.dir")
+        raise CheckpointConfigError(
+            f"checkpoint directory {directory} is not writable ({probe} is read-only); "
+            "pass a writable --workdir or checkpoint.dir"
+        )
 
 
 def retention_policy(keep: int, keep_every: int):
@@ -79,8 +84,16 @@ def retention_policy(keep: int, keep_every: int):
 class Checkpointer:
     """Save / restore / retain train-state checkpoints in one directory (see module docstring)."""
 
-    def __init__(self, directory: str, *, keep: int = 3, keep_every: int = 0, async_save: bool = True,
-                 read_only: bool = False, events: EventLog | None = None):
+    def __init__(
+        self,
+        directory: str,
+        *,
+        keep: int = 3,
+        keep_every: int = 0,
+        async_save: bool = True,
+        read_only: bool = False,
+        events: EventLog | None = None,
+    ):
         self.directory = os.path.abspath(os.path.expanduser(directory))
         self.keep, self.keep_every, self.read_only = max(int(keep), 1), int(keep_every), read_only
         self.events = events or EventLog(None, "checkpoint")
@@ -92,19 +105,23 @@ class Checkpointer:
             _check_writable(self.directory)
             os.makedirs(self.directory, exist_ok=True)
         leftovers = [] if read_only else self.uncommitted()
-        options = ocp.CheckpointManagerOptions(enable_async_checkpointing=async_save and not read_only,
-                                               read_only=read_only, create=not read_only,
-                                               save_interval_steps=0 if read_only else 1,
-                                               cleanup_tmp_directories=not read_only,
-                                               preservation_policy=None if read_only else retention_policy(
-                                                   self.keep, self.keep_every),
-                                               async_options=ocp.AsyncOptions(
-                                                   post_finalization_callback=self._written)
-                                               if async_save and not read_only else None)
+        options = ocp.CheckpointManagerOptions(
+            enable_async_checkpointing=async_save and not read_only,
+            read_only=read_only,
+            create=not read_only,
+            save_interval_steps=0 if read_only else 1,
+            cleanup_tmp_directories=not read_only,
+            preservation_policy=None if read_only else retention_policy(self.keep, self.keep_every),
+            async_options=ocp.AsyncOptions(post_finalization_callback=self._written)
+            if async_save and not read_only
+            else None,
+        )
         self._written_at: float | None = None  # when Orbax finished writing the in-flight save
         self.manager = ocp.CheckpointManager(
-            self.directory, options=options,
-            item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()})
+            self.directory,
+            options=options,
+            item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
+        )
         self._in_flight: tuple[int, float, int] | None = None  # (step, start time, bytes)
         for name in leftovers:
             self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
@@ -127,9 +144,12 @@ class Checkpointer:
         if not os.path.isdir(self.directory):
             return []
         committed = {str(s) for s in self.committed_steps()}
-        return sorted(name for name in os.listdir(self.directory)
-                      if os.path.isdir(os.path.join(self.directory, name))
-                      and (TMP_MARKER in name or (name.isdigit() and name not in committed)))
+        return sorted(
+            name
+            for name in os.listdir(self.directory)
+            if os.path.isdir(os.path.join(self.directory, name))
+            and (TMP_MARKER in name or (name.isdigit() and name not in committed))
+        )
 
     # ---- saving ----------------------------------------------------------------------------------------
     def save(self, step: int, state: Any, meta: dict, *, wait: bool = False) -> dict:
@@ -138,19 +158,32 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint directory {self.directory} was opened read-only")
         self.wait()  # previous save committed (or its error raised) before anything is written
         if step in self.committed_steps():
-            raise CheckpointConfigError(f"checkpoint step {step} already exists in {self.directory}; refusing to "
-                                        "overwrite it (use a new checkpoint.dir)")
+            raise CheckpointConfigError(
+                f"checkpoint step {step} already exists in {self.directory}; refusing to "
+                "overwrite it (use a new checkpoint.dir)"
+            )
         nbytes = tree_nbytes(state)
         self._check_space(nbytes)
-        meta = integrity.seal(dict(meta, format_version=FORMAT_VERSION, step=int(step), saved_at=time.time(),
-                                   arrays=integrity.manifest(state)))
+        meta = integrity.seal(
+            dict(
+                meta,
+                format_version=FORMAT_VERSION,
+                step=int(step),
+                saved_at=time.time(),
+                arrays=integrity.manifest(state),
+            )
+        )
         start, self._written_at = time.perf_counter(), None
         try:
-            self.manager.save(int(step), force=True, args=ocp.args.Composite(
-                **{STATE: ocp.args.PyTreeSave(state), META: ocp.args.JsonSave(meta)}))
+            self.manager.save(
+                int(step),
+                force=True,
+                args=ocp.args.Composite(**{STATE: ocp.args.PyTreeSave(state), META: ocp.args.JsonSave(meta)}),
+            )
         except Exception as err:  # noqa: BLE001 - report any I/O failure as one line
-            raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed: "
-                                  f"{type(err).__name__}: {err}") from err
+            raise CheckpointError(
+                f"saving checkpoint step {step} to {self.directory} failed: {type(err).__name__}: {err}"
+            ) from err
         blocking = time.perf_counter() - start
         self._in_flight = (int(step), start, nbytes)
         info = {"step": int(step), "bytes": nbytes, "blocking_s": round(blocking, 4)}
@@ -162,8 +195,10 @@ class Checkpointer:
         free = shutil.disk_usage(self.directory).free
         need = nbytes // max(jax.process_count(), 1) + (1 << 20)
         if free < need:
-            raise CheckpointError(f"not enough free space in {self.directory} for a checkpoint: need about "
-                                  f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free")
+            raise CheckpointError(
+                f"not enough free space in {self.directory} for a checkpoint: need about "
+                f"{need / 2**20:.1f} MiB, {free / 2**20:.1f} MiB free"
+            )
 
     def wait(self) -> dict | None:
         """Block until an in-flight save commits; returns its {'step', 'total_s', 'bytes'} (None if none)."""
@@ -173,8 +208,9 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001
             step = self._in_flight[0] if self._in_flight else "?"
             self._in_flight = None
-            raise CheckpointError(f"saving checkpoint step {step} to {self.directory} failed: "
-                                  f"{type(err).__name__}: {err}") from err
+            raise CheckpointError(
+                f"saving checkpoint step {step} to {self.directory} failed: {type(err).__name__}: {err}"
+            ) from err
         if self._in_flight is None:
             return None
         step, start, nbytes = self._in_flight
@@ -182,8 +218,12 @@ class Checkpointer:
         if step not in self.committed_steps():
             raise CheckpointError(f"checkpoint step {step} in {self.directory} did not commit")
         total = (self._written_at or time.perf_counter()) - start  # the write, not the wait for it
-        self.last_save = {"step": step, "total_s": round(total, 4), "bytes": nbytes,
-                          "MiB_per_s": round(nbytes / 2**20 / max(total, 1e-9), 2)}
+        self.last_save = {
+            "step": step,
+            "total_s": round(total, 4),
+            "bytes": nbytes,
+            "MiB_per_s": round(nbytes / 2**20 / max(total, 1e-9), 2),
+        }
         self.events.write("commit", **self.last_save)
         return self.last_save
 
@@ -210,8 +250,9 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its metadata is not a JSON object")
         integrity.check_seal(meta, self._where(step))
         if meta.get("format_version") != FORMAT_VERSION:
-            raise CheckpointConfigError(f"{self._where(step)} has no zaya_jax metadata (format_version "
-                                        f"{FORMAT_VERSION} expected)")
+            raise CheckpointConfigError(
+                f"{self._where(step)} has no zaya_jax metadata (format_version {FORMAT_VERSION} expected)"
+            )
         return meta
 
     def saved_shapes(self, step: int, meta: dict | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -225,8 +266,9 @@ class Checkpointer:
             tree = getattr(tree, "tree", tree)
             flat = [(p, m) for p, m in jax.tree_util.tree_flatten_with_path(tree)[0] if m is not None]
         except Exception as err:  # noqa: BLE001
-            raise CorruptCheckpointError(f"{self._where(step)} is unreadable: state metadata "
-                                         f"({first_line(err)})") from err
+            raise CorruptCheckpointError(
+                f"{self._where(step)} is unreadable: state metadata ({first_line(err)})"
+            ) from err
         if not flat:
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its state metadata is missing")
         return {path_name(p): (tuple(getattr(m, "shape", ()) or ()), str(getattr(m, "dtype", ""))) for p, m in flat}
@@ -238,16 +280,22 @@ class Checkpointer:
         wanted = {path_name(p): tuple(x.shape) for p, x in jax.tree_util.tree_flatten_with_path(target)[0]}
         for name, shape in wanted.items():
             if name not in saved:
-                raise CheckpointConfigError(f"{self._where(step)} has no {name!r} (the config builds a different "
-                                            "model/optimizer than the one saved)")
+                raise CheckpointConfigError(
+                    f"{self._where(step)} has no {name!r} (the config builds a different "
+                    "model/optimizer than the one saved)"
+                )
             if tuple(saved[name][0]) != shape:
-                raise CheckpointConfigError(f"{self._where(step)}: {name!r} has shape {list(saved[name][0])} but the "
-                                            f"config gives {list(shape)}; restore with the config saved in the "
-                                            "checkpoint (meta) or start a new checkpoint.dir")
+                raise CheckpointConfigError(
+                    f"{self._where(step)}: {name!r} has shape {list(saved[name][0])} but the "
+                    f"config gives {list(shape)}; restore with the config saved in the "
+                    "checkpoint (meta) or start a new checkpoint.dir"
+                )
         extra = sorted(set(saved) - set(wanted)) if not partial else []
         if extra:
-            raise CheckpointConfigError(f"{self._where(step)} has {len(extra)} entries the config does not build "
-                                        f"(e.g. {extra[0]!r}); the model or optimizer differs")
+            raise CheckpointConfigError(
+                f"{self._where(step)} has {len(extra)} entries the config does not build "
+                f"(e.g. {extra[0]!r}); the model or optimizer differs"
+            )
 
     def restore(self, step: int, target: Any, *, partial: bool = False) -> tuple[Any, dict]:
         """(state, meta) of `step`, restored into `target` (ShapeDtypeStructs with shardings; dtypes cast).
@@ -262,11 +310,16 @@ class Checkpointer:
         read_as = target
         if saved is not None:
             read_as = jax.tree_util.tree_map_with_path(
-                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_name(p)][1], sharding=t.sharding), target)
+                lambda p, t: jax.ShapeDtypeStruct(t.shape, saved[path_name(p)][1], sharding=t.sharding), target
+            )
         try:
             restore_args = ocp.checkpoint_utils.construct_restore_args(read_as)
-            restored = self.manager.restore(int(step), args=ocp.args.Composite(**{STATE: ocp.args.PyTreeRestore(
-                item=read_as, restore_args=restore_args, partial_restore=partial)}))[STATE]
+            restored = self.manager.restore(
+                int(step),
+                args=ocp.args.Composite(
+                    **{STATE: ocp.args.PyTreeRestore(item=read_as, restore_args=restore_args, partial_restore=partial)}
+                ),
+            )[STATE]
         except Exception as err:  # noqa: BLE001
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: {first_line(err)}") from err
         if saved is not None:

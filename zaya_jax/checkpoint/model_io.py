@@ -46,8 +46,9 @@ def resolve_checkpoint(path: str, step: int | None = None) -> tuple[str, int]:
                 raise CheckpointConfigError(f"{candidate} has no committed step {step}; available: {steps}")
             return candidate, step
         if ck.uncommitted():
-            raise CheckpointConfigError(f"{candidate} has no committed checkpoint, only interrupted saves "
-                                  f"{ck.uncommitted()}")
+            raise CheckpointConfigError(
+                f"{candidate} has no committed checkpoint, only interrupted saves {ck.uncommitted()}"
+            )
     raise CheckpointConfigError(f"{path} contains no checkpoint (expected <dir>/<step>/ with state and meta)")
 
 
@@ -71,8 +72,14 @@ def open_checkpoint(path: str, step: int | None = None) -> tuple[Checkpointer, i
     return ck, step, meta, config_from_meta(meta, f"{directory}/{step}")
 
 
-def load_model(path: str, *, step: int | None = None, dtype: str | None = None,
-               overrides: dict[str, Any] | None = None, sharding: jax.sharding.Sharding | None = None):
+def load_model(
+    path: str,
+    *,
+    step: int | None = None,
+    dtype: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    sharding: jax.sharding.Sharding | None = None,
+):
     """(config, model) from a training checkpoint: only params and balancing biases are read.
 
     dtype: "float32" | "bfloat16" for parameters and compute (biases stay fp32); overrides: model-config
@@ -104,8 +111,14 @@ def load_model(path: str, *, step: int | None = None, dtype: str | None = None,
     return config, nnx.merge(graphdef, restored["params"], restored["biases"])
 
 
-def load_train_state(path: str, mesh: jax.sharding.Mesh, *, config: ml_collections.ConfigDict | None = None,
-                     step: int | None = None, progress: Callable[[str, int], None] | None = None):
+def load_train_state(
+    path: str,
+    mesh: jax.sharding.Mesh,
+    *,
+    config: ml_collections.ConfigDict | None = None,
+    step: int | None = None,
+    progress: Callable[[str, int], None] | None = None,
+):
     """(config, step, meta, graphdef, state, shardings): the full TrainState restored onto `mesh`.
 
     `config` (default: the saved one) decides the target shapes, dtypes (cast on restore) and layout
@@ -122,7 +135,6 @@ def load_train_state(path: str, mesh: jax.sharding.Mesh, *, config: ml_collectio
             part, _ = ck.restore(step, {name: getattr(abs_state, name)}, partial=True)
             fields[name] = part[name]
             if progress is not None:
-
                 progress(name, tree_nbytes(fields[name]))
     finally:
         ck.close()

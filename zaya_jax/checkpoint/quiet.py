@@ -15,8 +15,11 @@ import os
 import sys
 import warnings
 
-_HANDLED_WARNINGS = ("Given directory is read only", "Metadata file does not exist",
-                     'Item "state" was found in the checkpoint, but could not be restored')
+_HANDLED_WARNINGS = (
+    "Given directory is read only",
+    "Metadata file does not exist",
+    'Item "state" was found in the checkpoint, but could not be restored',
+)
 _ECHOES = ("Encountered error while reading array index", "Event loop is closed")
 _ECHO_SOURCES = ("OCDBT", "orbax", "TensorStore", "tensorstore")
 _installed = False
@@ -55,11 +58,16 @@ def quiet_orbax() -> None:
     _installed = True
     logging.getLogger("absl").addFilter(_OrbaxFilter())
     logging.getLogger("asyncio").addFilter(_EchoFilter())
-    warnings.filterwarnings("ignore", category=RuntimeWarning, message=r"coroutine '(_read_array_index_and_device_put|"
-                            r"async_deserialize|Store\._get_array_metadatas)' was never awaited")
+    warnings.filterwarnings(
+        "ignore",
+        category=RuntimeWarning,
+        message=r"coroutine '(_read_array_index_and_device_put|"
+        r"async_deserialize|Store\._get_array_metadatas)' was never awaited",
+    )
     previous = sys.unraisablehook
 
     def hook(unraisable):
         if not any(echo in str(unraisable.exc_value) for echo in _ECHOES):
             previous(unraisable)
+
     sys.unraisablehook = hook

@@ -59,8 +59,15 @@ def checkpoint_dir(config: ml_collections.ConfigDict, workdir: str) -> str:
 class TrainCheckpointer:
     """The training loop's checkpoint / fault-tolerance object (protocol in the module docstring)."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, *, events: EventLog | None = None,
-                 heartbeat: Heartbeat | None = None, handle_signals: bool = True):
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str,
+        *,
+        events: EventLog | None = None,
+        heartbeat: Heartbeat | None = None,
+        handle_signals: bool = True,
+    ):
         validate_checkpoint(config.checkpoint)
         c = config.checkpoint
         self.config, self.workdir, self.every = config, workdir, int(c.every)
@@ -75,8 +82,13 @@ class TrainCheckpointer:
             # a supervisor per node (launch/rocm) sets $ZAYA_HEARTBEAT_FILE for its own process: beat there too
             beat = primary or bool(os.environ.get(HEARTBEAT_ENV))
             self.heartbeat = heartbeat or Heartbeat.for_workdir(workdir, int(config.train.steps), enabled=beat)
-            self.ckpt = Checkpointer(checkpoint_dir(config, workdir), keep=c.keep, keep_every=c.keep_every,
-                                     async_save=c.async_save, events=self.events)
+            self.ckpt = Checkpointer(
+                checkpoint_dir(config, workdir),
+                keep=c.keep,
+                keep_every=c.keep_every,
+                async_save=c.async_save,
+                events=self.events,
+            )
             self.faults = faults_lib.FaultInjector.from_config(config, workdir, self.events)
         except BaseException:
             self.lock.release()
@@ -133,12 +145,14 @@ class TrainCheckpointer:
     # ---- restore ---------------------------------------------------------------------------------------
     def _meta(self, train_iter) -> dict:
         mesh = jax.tree.leaves(self._shardings)[0].mesh if self._shardings is not None else None
-        return {"data": train_iter.get_state() if train_iter is not None else None,
-                "seed": int(self.config.train.seed),
-                "config": json.loads(self.config.to_json_best_effort()),
-                "mesh": {k: int(v) for k, v in mesh.shape.items()} if mesh is not None else None,
-                "process_count": jax.process_count(),
-                "rollbacks": {str(k): v for k, v in self._rollbacks.items()}}
+        return {
+            "data": train_iter.get_state() if train_iter is not None else None,
+            "seed": int(self.config.train.seed),
+            "config": json.loads(self.config.to_json_best_effort()),
+            "mesh": {k: int(v) for k, v in mesh.shape.items()} if mesh is not None else None,
+            "process_count": jax.process_count(),
+            "rollbacks": {str(k): v for k, v in self._rollbacks.items()},
+        }
 
     def restore_or_keep(self, state: Any, shardings: Any, train_iter: Any = None, codec: Any = None) -> Any:
         """The newest readable committed checkpoint restored onto `shardings`' mesh, else `state` unchanged.
@@ -148,15 +162,22 @@ class TrainCheckpointer:
         """
         self._shardings = shardings
         if codec is not None:
-            self._encode, self._decode, self._target = codec.to_checkpoint, codec.from_checkpoint, \
-                codec.checkpoint_target
+            self._encode, self._decode, self._target = (
+                codec.to_checkpoint,
+                codec.from_checkpoint,
+                codec.checkpoint_target,
+            )
         else:
             self._target = abstract_target(state, shardings)
         self.heartbeat.beat(int(state.step), "start")
         self.ckpt._check_space(tree_nbytes(self._target))
-        self.events.write("start", checkpoint_dir=self.ckpt.directory, devices=jax.device_count(),
-                          mesh={k: int(v) for k, v in jax.tree.leaves(shardings)[0].mesh.shape.items()},
-                          committed=self.ckpt.committed_steps())
+        self.events.write(
+            "start",
+            checkpoint_dir=self.ckpt.directory,
+            devices=jax.device_count(),
+            mesh={k: int(v) for k, v in jax.tree.leaves(shardings)[0].mesh.shape.items()},
+            committed=self.ckpt.committed_steps(),
+        )
         if not self.config.checkpoint.restore:
             return state
         had = self.ckpt.committed_steps()
@@ -166,13 +187,16 @@ class TrainCheckpointer:
             self._restore_data(step, meta, train_iter)
             self._last_saved = step
             self._rollbacks.update({int(k): int(v) for k, v in (meta.get("rollbacks") or {}).items()})
-            self.events.write("restored", step=step, saved_mesh=meta.get("mesh"),
-                              mesh=self._meta(None)["mesh"], data=meta.get("data"))
+            self.events.write(
+                "restored", step=step, saved_mesh=meta.get("mesh"), mesh=self._meta(None)["mesh"], data=meta.get("data")
+            )
             self.heartbeat.beat(step, "start")
             return restored
         if had:
-            raise CheckpointError(f"no readable checkpoint left in {self.ckpt.directory} (unreadable steps moved "
-                                  f"to {self.ckpt.directory}.corrupt); rerun to start from step 0")
+            raise CheckpointError(
+                f"no readable checkpoint left in {self.ckpt.directory} (unreadable steps moved "
+                f"to {self.ckpt.directory}.corrupt); rerun to start from step 0"
+            )
         self.events.write("fresh_start", step=int(state.step))
         if self.config.checkpoint.save_initial:  # the untrained model, e.g. as an evaluation baseline
             self._save(int(state.step), state, train_iter)
@@ -200,7 +224,9 @@ class TrainCheckpointer:
         try:
             train_iter.set_state(meta["data"])
         except ValueError as err:
-            raise CheckpointConfigError(f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}") from err
+            raise CheckpointConfigError(
+                f"checkpoint step {step} in {self.ckpt.directory}: data iterator: {err}"
+            ) from err
 
     # ---- per step --------------------------------------------------------------------------------------
     def maybe_save(self, step: int, state: Any, train_iter: Any = None, metrics: dict | None = None) -> Any:
@@ -262,18 +288,29 @@ class TrainCheckpointer:
         self.ckpt.wait()  # an in-flight save passed the guard: let it commit and count as good
         found = self._restore_newest()
         if found is None:
-            raise CheckpointConfigError(f"step {bad_step}: {reason}, and there is no readable checkpoint in "
-                                        f"{self.ckpt.directory} to roll back to; lower the learning rate or save "
-                                        "earlier (checkpoint.every)")
+            raise CheckpointConfigError(
+                f"step {bad_step}: {reason}, and there is no readable checkpoint in "
+                f"{self.ckpt.directory} to roll back to; lower the learning rate or save "
+                "earlier (checkpoint.every)"
+            )
         restored, _, target = found
         self._rollbacks[target] += 1
         if self._rollbacks[target] > self.max_rollbacks:
-            raise CheckpointConfigError(f"step {bad_step}: {reason}; already rolled back to step {target} "
-                                        f"{self.max_rollbacks} times (checkpoint.max_rollbacks), giving up")
+            raise CheckpointConfigError(
+                f"step {bad_step}: {reason}; already rolled back to step {target} "
+                f"{self.max_rollbacks} times (checkpoint.max_rollbacks), giving up"
+            )
         self.guard.rewind(target)
         data = train_iter.get_state() if train_iter is not None else None
-        self.events.write("rollback", bad_step=bad_step, reason=reason, to_step=target,
-                          skipped_steps=[target + 1, step], data=data, count=self._rollbacks[target])
+        self.events.write(
+            "rollback",
+            bad_step=bad_step,
+            reason=reason,
+            to_step=target,
+            skipped_steps=[target + 1, step],
+            data=data,
+            count=self._rollbacks[target],
+        )
         self.resume_step = target
         self._last_saved = target
         return restored

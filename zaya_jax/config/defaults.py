@@ -215,8 +215,15 @@ def checkpoint_config() -> ml_collections.ConfigDict:
     )
 
 
-SECTIONS = {"model": model_config, "mesh": mesh_config, "optimizer": optimizer_config, "train": train_config,
-            "balancing": balancing_config, "data": data_config, "checkpoint": checkpoint_config}
+SECTIONS = {
+    "model": model_config,
+    "mesh": mesh_config,
+    "optimizer": optimizer_config,
+    "train": train_config,
+    "balancing": balancing_config,
+    "data": data_config,
+    "checkpoint": checkpoint_config,
+}
 
 
 def default_config() -> ml_collections.ConfigDict:

@@ -23,30 +23,53 @@ def _choice(section: str, name: str, value: object, names: tuple[str, ...]) -> N
 
 def validate_model(m: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` for any model field combination the model cannot build."""
-    for name in ("vocab_size", "hidden_size", "num_layers", "num_q_heads", "num_kv_heads", "head_dim",
-                 "num_experts", "moe_intermediate_size", "router_hidden_size", "cca_time0", "cca_time1"):
+    for name in (
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_q_heads",
+        "num_kv_heads",
+        "head_dim",
+        "num_experts",
+        "moe_intermediate_size",
+        "router_hidden_size",
+        "cca_time0",
+        "cca_time1",
+    ):
         _check(int(m[name]) >= 1, f"model.{name} must be a positive integer, got {m[name]!r}")
-    _check(m.num_q_heads % m.num_kv_heads == 0,
-           f"model.num_q_heads={m.num_q_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
-           "(grouped-query attention)")
+    _check(
+        m.num_q_heads % m.num_kv_heads == 0,
+        f"model.num_q_heads={m.num_q_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
+        "(grouped-query attention)",
+    )
     _check(m.head_dim % 2 == 0, f"model.head_dim={m.head_dim} must be even (value heads are split in halves)")
     rot = int(m.head_dim * m.partial_rotary_factor)
-    _check(0 < m.partial_rotary_factor <= 1 and rot % 2 == 0,
-           f"model.partial_rotary_factor={m.partial_rotary_factor} must give an even number of rotary dims "
-           f"(head_dim*factor = {m.head_dim * m.partial_rotary_factor})")
-    _check((m.num_kv_heads * m.head_dim) % 2 == 0,
-           "model.num_kv_heads*head_dim must be even: the value projection is split into current/delayed halves")
-    _check(m.num_experts_per_tok == 1,
-           f"model.num_experts_per_tok={m.num_experts_per_tok}: the ZAYA1 router supports top-1 only; set it to 1")
+    _check(
+        0 < m.partial_rotary_factor <= 1 and rot % 2 == 0,
+        f"model.partial_rotary_factor={m.partial_rotary_factor} must give an even number of rotary dims "
+        f"(head_dim*factor = {m.head_dim * m.partial_rotary_factor})",
+    )
+    _check(
+        (m.num_kv_heads * m.head_dim) % 2 == 0,
+        "model.num_kv_heads*head_dim must be even: the value projection is split into current/delayed halves",
+    )
+    _check(
+        m.num_experts_per_tok == 1,
+        f"model.num_experts_per_tok={m.num_experts_per_tok}: the ZAYA1 router supports top-1 only; set it to 1",
+    )
     _choice("model", "skip_output", m.skip_output, choices.SKIP_OUTPUTS)
     _choice("model", "dispatch", m.dispatch, choices.DISPATCHES)
     _check(m.capacity_factor > 0, f"model.capacity_factor={m.capacity_factor} must be > 0")
-    _check(m.dtype in choices.DTYPES and m.param_dtype in choices.DTYPES,
-           f"model.dtype={m.dtype!r} / model.param_dtype={m.param_dtype!r}; choose from {choices.DTYPES}")
+    _check(
+        m.dtype in choices.DTYPES and m.param_dtype in choices.DTYPES,
+        f"model.dtype={m.dtype!r} / model.param_dtype={m.param_dtype!r}; choose from {choices.DTYPES}",
+    )
     _choice("model", "remat", m.remat, choices.REMAT_POLICIES)
     _check(bool(m.tie_word_embeddings), "model.tie_word_embeddings must be True: ZAYA1 ties the LM head")
-    _check(m.rope_theta > 0 and m.rms_norm_eps > 0 and m.qk_norm_eps > 0,
-           "model.rope_theta, model.rms_norm_eps and model.qk_norm_eps must be > 0")
+    _check(
+        m.rope_theta > 0 and m.rms_norm_eps > 0 and m.qk_norm_eps > 0,
+        "model.rope_theta, model.rms_norm_eps and model.qk_norm_eps must be > 0",
+    )
 
 
 def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> None:
@@ -59,14 +82,17 @@ def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> Non
     chunks = context * chunks_per_device
     halo = (m.cca_time0 - 1) + (m.cca_time1 - 1)
     if seq % chunks:
-        raise ConfigError(f"train.seq_len={seq} is not divisible by mesh.context={context}"
-                          + (f" x {chunks_per_device} ({config.mesh.context_layout} layout)"
-                             if chunks_per_device > 1 else "")
-                          + f": context parallelism splits every sequence into {chunks} equal chunks; choose a "
-                          f"multiple of {chunks} or another mesh.context")
+        raise ConfigError(
+            f"train.seq_len={seq} is not divisible by mesh.context={context}"
+            + (f" x {chunks_per_device} ({config.mesh.context_layout} layout)" if chunks_per_device > 1 else "")
+            + f": context parallelism splits every sequence into {chunks} equal chunks; choose a "
+            f"multiple of {chunks} or another mesh.context"
+        )
     if seq // chunks < max(halo, 1):
-        raise ConfigError(f"train.seq_len={seq} / {chunks} chunks gives {seq // chunks} tokens per chunk, fewer than "
-                          f"the CCA conv halo ({halo}); use a longer sequence or a smaller mesh.context")
+        raise ConfigError(
+            f"train.seq_len={seq} / {chunks} chunks gives {seq // chunks} tokens per chunk, fewer than "
+            f"the CCA conv halo ({halo}); use a longer sequence or a smaller mesh.context"
+        )
 
 
 def validate_mesh(config: ml_collections.ConfigDict) -> None:
@@ -75,8 +101,10 @@ def validate_mesh(config: ml_collections.ConfigDict) -> None:
     _check(all(s == -1 or s >= 1 for s in sizes), f"mesh sizes must be >= 1 or -1, got {sizes}")
     _check(sizes.count(-1) <= 1, f"at most one mesh axis may be -1 (fill), got data/expert/context={sizes}")
     if config.mesh.expert > 1:
-        _check(config.model.num_experts % config.mesh.expert == 0,
-               f"model.num_experts={config.model.num_experts} is not divisible by mesh.expert={config.mesh.expert}")
+        _check(
+            config.model.num_experts % config.mesh.expert == 0,
+            f"model.num_experts={config.model.num_experts} is not divisible by mesh.expert={config.mesh.expert}",
+        )
     _choice("mesh", "context_layout", config.mesh.context_layout, choices.CONTEXT_LAYOUTS)
     check_sequence_split(config, int(config.mesh.context))
 
@@ -86,29 +114,47 @@ def validate_optimizer(o: ml_collections.ConfigDict, steps: int) -> None:
     _choice("optimizer", "schedule", o.schedule, choices.SCHEDULES)
     _choice("optimizer", "wsd_decay_shape", o.wsd_decay_shape, choices.DECAY_SHAPES)
     warmup = int(o.warmup_steps)
-    _check(0 <= warmup and not (steps > 0 and warmup > steps),
-           f"optimizer.warmup_steps={warmup} must be in [0, train.steps={steps}]")
+    _check(
+        0 <= warmup and not (steps > 0 and warmup > steps),
+        f"optimizer.warmup_steps={warmup} must be in [0, train.steps={steps}]",
+    )
     if o.schedule == "wsd":
         _check(0.0 < o.decay_fraction <= 1.0, f"optimizer.decay_fraction={o.decay_fraction} must be in (0, 1]")
 
 
 def validate_train(config: ml_collections.ConfigDict) -> None:
     t = config.train
-    for name, low in (("steps", 1), ("seq_len", 1), ("global_batch_size", 1), ("microbatches", 1), ("log_every", 1),
-                      ("eval_every", 0), ("eval_batches", 1), ("loss_chunk", 1)):
+    for name, low in (
+        ("steps", 1),
+        ("seq_len", 1),
+        ("global_batch_size", 1),
+        ("microbatches", 1),
+        ("log_every", 1),
+        ("eval_every", 0),
+        ("eval_batches", 1),
+        ("loss_chunk", 1),
+    ):
         _check(isinstance(t[name], int) and t[name] >= low, f"train.{name}={t[name]!r} must be an integer >= {low}")
     _choice("train", "param_sharding", t.param_sharding, choices.PARAM_SHARDINGS)
     _choice("train", "grad_reduce_dtype", t.grad_reduce_dtype, choices.GRAD_REDUCE_DTYPES)
-    _check(t.global_batch_size % t.microbatches == 0,
-           f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}")
+    _check(
+        t.global_batch_size % t.microbatches == 0,
+        f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}",
+    )
     starts = [int(s) for s, _ in t.batch_ramp]
-    _check(starts == sorted(starts) and len(set(starts)) == len(starts) and all(s >= 0 for s in starts),
-           f"train.batch_ramp start steps must be distinct, >= 0 and increasing, got {starts}")
+    _check(
+        starts == sorted(starts) and len(set(starts)) == len(starts) and all(s >= 0 for s in starts),
+        f"train.batch_ramp start steps must be distinct, >= 0 and increasing, got {starts}",
+    )
     for _, b in t.batch_ramp:
-        _check(int(b) >= 1 and int(b) % t.microbatches == 0,
-               f"train.batch_ramp batch {b} must be >= 1 and divisible by train.microbatches={t.microbatches}")
-    _check(t.seq_len <= config.model.max_position_embeddings,
-           f"train.seq_len={t.seq_len} exceeds model.max_position_embeddings={config.model.max_position_embeddings}")
+        _check(
+            int(b) >= 1 and int(b) % t.microbatches == 0,
+            f"train.batch_ramp batch {b} must be >= 1 and divisible by train.microbatches={t.microbatches}",
+        )
+    _check(
+        t.seq_len <= config.model.max_position_embeddings,
+        f"train.seq_len={t.seq_len} exceeds model.max_position_embeddings={config.model.max_position_embeddings}",
+    )
     _check(float(t.peak_tflops) >= 0, f"train.peak_tflops={t.peak_tflops} must be >= 0 (0 = the hardware table)")
 
 
@@ -116,33 +162,48 @@ def validate_balancing(cfg: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` naming the `balancing.*` field that is out of range (`cfg` = config.balancing)."""
     _choice("balancing", "error_shape", cfg.error_shape, choices.ERROR_SHAPES)
     _choice("balancing", "gain_units", cfg.gain_units, choices.GAIN_UNITS)
-    _check(not (cfg.error_shape == "tanh" and cfg.tanh_tau <= 0),
-           f"balancing.tanh_tau={cfg.tanh_tau} must be > 0 with error_shape='tanh'")
+    _check(
+        not (cfg.error_shape == "tanh" and cfg.tanh_tau <= 0),
+        f"balancing.tanh_tau={cfg.tanh_tau} must be > 0 with error_shape='tanh'",
+    )
     _check(0.0 <= cfg.target_skip < 1.0, f"balancing.target_skip={cfg.target_skip} must be in [0, 1)")
     _check(cfg.integral_clip >= 0, f"balancing.integral_clip={cfg.integral_clip} must be >= 0 (0 = no clip)")
     _check(cfg.kp >= 0 and cfg.ki >= 0, f"balancing.kp={cfg.kp} and balancing.ki={cfg.ki} must be >= 0")
-    _check(cfg.ki_max >= cfg.ki,
-           f"balancing.ki_max={cfg.ki_max} must be >= balancing.ki={cfg.ki} (set them equal for a fixed gain)")
-    _check(cfg.gain_up >= 1 and 0 < cfg.gain_down <= 1,
-           f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down={cfg.gain_down} in (0, 1]")
-    _check(cfg.warn_patience >= 0,
-           f"balancing.warn_patience={cfg.warn_patience} must be >= 0 (0 = no warnings)")
+    _check(
+        cfg.ki_max >= cfg.ki,
+        f"balancing.ki_max={cfg.ki_max} must be >= balancing.ki={cfg.ki} (set them equal for a fixed gain)",
+    )
+    _check(
+        cfg.gain_up >= 1 and 0 < cfg.gain_down <= 1,
+        f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down={cfg.gain_down} in (0, 1]",
+    )
+    _check(cfg.warn_patience >= 0, f"balancing.warn_patience={cfg.warn_patience} must be >= 0 (0 = no warnings)")
 
 
 def validate_data(d: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` for invalid `config.data` values."""
     sources, weights = tuple(d.sources), tuple(d.weights)
-    _check(all(isinstance(s, str) and s for s in sources),
-           f"data.sources={sources!r} must be a tuple of prepared directory paths")
+    _check(
+        all(isinstance(s, str) and s for s in sources),
+        f"data.sources={sources!r} must be a tuple of prepared directory paths",
+    )
     n = max(len(sources), 1)
-    _check(not weights or len(weights) == n, f"data.weights has {len(weights)} entries but there are {n} sources; "
-           "give one weight per source or leave it empty for uniform")
-    _check(not weights or (min(weights) >= 0 and sum(weights) > 0),
-           f"data.weights={weights!r} must be non-negative with a positive sum")
-    _check(isinstance(d.tokenizer, str) and bool(d.tokenizer),
-           f"data.tokenizer={d.tokenizer!r}; use 'byte' or a path to a tokenizer.json")
-    _check(int(d.default_corpus_max_bytes) > 0,
-           f"data.default_corpus_max_bytes={d.default_corpus_max_bytes} must be > 0")
+    _check(
+        not weights or len(weights) == n,
+        f"data.weights has {len(weights)} entries but there are {n} sources; "
+        "give one weight per source or leave it empty for uniform",
+    )
+    _check(
+        not weights or (min(weights) >= 0 and sum(weights) > 0),
+        f"data.weights={weights!r} must be non-negative with a positive sum",
+    )
+    _check(
+        isinstance(d.tokenizer, str) and bool(d.tokenizer),
+        f"data.tokenizer={d.tokenizer!r}; use 'byte' or a path to a tokenizer.json",
+    )
+    _check(
+        int(d.default_corpus_max_bytes) > 0, f"data.default_corpus_max_bytes={d.default_corpus_max_bytes} must be > 0"
+    )
     _check(0.0 <= float(d.eval_fraction) < 1.0, f"data.eval_fraction={d.eval_fraction} must be in [0, 1)")
     _check(int(d.shuffle_seed) >= 0, f"data.shuffle_seed={d.shuffle_seed} must be >= 0")
 
@@ -153,8 +214,10 @@ def validate_checkpoint(c: ml_collections.ConfigDict) -> None:
         _check(int(c[name]) >= 0, f"checkpoint.{name}={c[name]} must be >= 0")
     _check(int(c.keep) >= 1, f"checkpoint.keep={c.keep} must be >= 1 (the newest checkpoint is always kept)")
     _check(float(c.spike_zscore) >= 0, f"checkpoint.spike_zscore={c.spike_zscore} must be >= 0 (0 = off)")
-    _check(not (float(c.spike_zscore) > 0 and int(c.spike_window) < 4),
-           f"checkpoint.spike_window={c.spike_window} must be >= 4 when spike_zscore > 0")
+    _check(
+        not (float(c.spike_zscore) > 0 and int(c.spike_window) < 4),
+        f"checkpoint.spike_window={c.spike_window} must be >= 4 when spike_zscore > 0",
+    )
 
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

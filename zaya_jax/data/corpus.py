@@ -19,8 +19,20 @@ from zaya_jax.data import prepare as prep
 from zaya_jax.data.tokenizer import DataError, Tokenizer
 
 DEFAULT_MAX_BYTES = DEFAULT_CORPUS_MAX_BYTES
-SKIP_DIRS = frozenset({"test", "tests", "idle_test", "idlelib", "site-packages", "dist-packages",
-                       "__pycache__", "lib2to3", "ensurepip", "turtledemo"})
+SKIP_DIRS = frozenset(
+    {
+        "test",
+        "tests",
+        "idle_test",
+        "idlelib",
+        "site-packages",
+        "dist-packages",
+        "__pycache__",
+        "lib2to3",
+        "ensurepip",
+        "turtledemo",
+    }
+)
 
 
 def stdlib_dir() -> str:
@@ -35,8 +47,9 @@ def stdlib_files(max_bytes: int = DEFAULT_MAX_BYTES, root: str | None = None) ->
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith((".", "test_"))]
         rel = os.path.relpath(dirpath, root)
-        found += [os.path.normpath(os.path.join(rel, f)) for f in filenames
-                  if f.endswith(".py") and not f.startswith("test_")]
+        found += [
+            os.path.normpath(os.path.join(rel, f)) for f in filenames if f.endswith(".py") and not f.startswith("test_")
+        ]
     files, total = [], 0
     for rel in sorted(found):
         path = os.path.join(root, rel)
@@ -46,29 +59,48 @@ def stdlib_files(max_bytes: int = DEFAULT_MAX_BYTES, root: str | None = None) ->
         files.append(path)
         total += size
     if not files:
-        raise DataError(f"no standard-library .py files under {root} fit in max_bytes={max_bytes}; "
-                        "raise data.default_corpus_max_bytes or pass data.sources")
+        raise DataError(
+            f"no standard-library .py files under {root} fit in max_bytes={max_bytes}; "
+            "raise data.default_corpus_max_bytes or pass data.sources"
+        )
     return files
 
 
-def default_corpus_dir(cache_dir: str, seq_len: int, tokenizer: "str | Tokenizer" = "byte",
-                       max_bytes: int = DEFAULT_MAX_BYTES) -> str:
+def default_corpus_dir(
+    cache_dir: str, seq_len: int, tokenizer: "str | Tokenizer" = "byte", max_bytes: int = DEFAULT_MAX_BYTES
+) -> str:
     """A cache sub-directory unique to (Python version, file list, tokenizer, seq_len, max_bytes)."""
     files = stdlib_files(max_bytes)
-    key = [sys.version, [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files],
-           tokenizer if isinstance(tokenizer, str) else repr(tokenizer)]
+    key = [
+        sys.version,
+        [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files],
+        tokenizer if isinstance(tokenizer, str) else repr(tokenizer),
+    ]
     digest = hashlib.sha256(repr(key).encode()).hexdigest()[:10]
     tok_name = "byte" if tokenizer == "byte" else "tok"
     name = f"stdlib-py{sys.version_info.major}{sys.version_info.minor}-{tok_name}-s{seq_len}-{digest}"
     return os.path.join(os.path.expanduser(cache_dir), name)
 
 
-def prepare_default_corpus(out_dir: str, seq_len: int, tokenizer: "str | Tokenizer" = "byte",
-                           max_bytes: int = DEFAULT_MAX_BYTES, eval_fraction: float = 0.02,
-                           shard_size: int = 2048, progress: bool = True) -> dict:
+def prepare_default_corpus(
+    out_dir: str,
+    seq_len: int,
+    tokenizer: "str | Tokenizer" = "byte",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    eval_fraction: float = 0.02,
+    shard_size: int = 2048,
+    progress: bool = True,
+) -> dict:
     """Prepare the standard-library corpus into `out_dir` (reused if already prepared); returns the manifest."""
-    return prep.prepare(stdlib_files(max_bytes), out_dir, seq_len=seq_len, tokenizer=tokenizer,
-                        shard_size=shard_size, eval_fraction=eval_fraction, progress=progress)
+    return prep.prepare(
+        stdlib_files(max_bytes),
+        out_dir,
+        seq_len=seq_len,
+        tokenizer=tokenizer,
+        shard_size=shard_size,
+        eval_fraction=eval_fraction,
+        progress=progress,
+    )
 
 
 def token_counts(manifest_dir: str, split: str = "train") -> np.ndarray:

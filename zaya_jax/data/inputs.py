@@ -16,8 +16,30 @@ from typing import Any, Iterator, Sequence
 
 from zaya_jax.data.tokenizer import DataError, DataWarning
 
-TEXT_EXTS = (".txt", ".text", ".md", ".markdown", ".rst", ".py", ".pyi", ".c", ".h", ".cc", ".cpp",
-             ".hpp", ".rs", ".go", ".java", ".js", ".ts", ".html", ".tex", ".toml", ".yaml", ".yml")
+TEXT_EXTS = (
+    ".txt",
+    ".text",
+    ".md",
+    ".markdown",
+    ".rst",
+    ".py",
+    ".pyi",
+    ".c",
+    ".h",
+    ".cc",
+    ".cpp",
+    ".hpp",
+    ".rs",
+    ".go",
+    ".java",
+    ".js",
+    ".ts",
+    ".html",
+    ".tex",
+    ".toml",
+    ".yaml",
+    ".yml",
+)
 JSONL_EXTS = (".jsonl", ".ndjson")
 PARQUET_EXTS = (".parquet",)
 UNDECODABLE_WARN = 0.01  # fraction of a file's bytes that are not UTF-8 above which it is reported
@@ -53,8 +75,9 @@ def expand_inputs(inputs: Sequence[str]) -> list[str]:
                 files += _walk(m) if os.path.isdir(m) else [m]
     files = list(dict.fromkeys(os.path.abspath(f) for f in files))
     if not files:
-        raise DataError(f"no input files found in {list(inputs)}; pass .txt/.md/.py/.jsonl/.parquet "
-                        "files, directories or globs")
+        raise DataError(
+            f"no input files found in {list(inputs)}; pass .txt/.md/.py/.jsonl/.parquet files, directories or globs"
+        )
     return files
 
 
@@ -65,8 +88,7 @@ def _read_parquet(path: str, text_key: str) -> Iterator[str]:
         raise DataError(f"reading {path} needs pyarrow: pip install pyarrow") from e
     pfile = pq.ParquetFile(path)
     if text_key not in pfile.schema_arrow.names:
-        raise DataError(f"{path} has no column {text_key!r} (columns: {pfile.schema_arrow.names}); "
-                        "pass --text_key")
+        raise DataError(f"{path} has no column {text_key!r} (columns: {pfile.schema_arrow.names}); pass --text_key")
     for batch in pfile.iter_batches(columns=[text_key], batch_size=1024):
         yield from (t for t in batch.column(0).to_pylist() if t)
 
@@ -85,8 +107,11 @@ class _Undecodable:
     def close(self) -> None:
         size = os.path.getsize(self.path)
         if size and self.count / size > UNDECODABLE_WARN:
-            warnings.warn(f"{self.path}: {self.count / size:.0%} of its bytes are not UTF-8 text (a binary file or "
-                          "another encoding?); they were prepared as U+FFFD replacement characters", DataWarning)
+            warnings.warn(
+                f"{self.path}: {self.count / size:.0%} of its bytes are not UTF-8 text (a binary file or "
+                "another encoding?); they were prepared as U+FFFD replacement characters",
+                DataWarning,
+            )
 
 
 def jsonl_records(path: str) -> Iterator[tuple[int, Any]]:

@@ -50,8 +50,7 @@ class PackedSource:
         self.split = split
         self._start, self._stop = self.manifest["splits"][split]
         if self._stop <= self._start:
-            raise DataError(f"{self.dir} has no rows in split {split!r}; prepare more data or "
-                            "a non-zero eval_fraction")
+            raise DataError(f"{self.dir} has no rows in split {split!r}; prepare more data or a non-zero eval_fraction")
         self._offsets = np.cumsum([0] + [s["rows"] for s in self.manifest["shards"]])
         self._arrays: list | None = None
 
@@ -80,8 +79,10 @@ class PackedSource:
         return dict(tokens=np.asarray(tokens[r], np.int32), segment_ids=np.asarray(segments[r], np.int32))
 
     def __repr__(self) -> str:
-        return (f"PackedSource(name={os.path.basename(self.dir)!r}, split={self.split!r}, "
-                f"rows={len(self)}, fingerprint={self.manifest['config_fingerprint']!r})")
+        return (
+            f"PackedSource(name={os.path.basename(self.dir)!r}, split={self.split!r}, "
+            f"rows={len(self)}, fingerprint={self.manifest['config_fingerprint']!r})"
+        )
 
 
 def _seed(seed: int, index: int) -> int:
@@ -92,17 +93,21 @@ def _seed(seed: int, index: int) -> int:
 def open_sources(dirs: Sequence[str], split: str = "train") -> list[PackedSource]:
     """Open `dirs` and check they can be mixed (same row length and tokenizer)."""
     if not dirs:
-        raise DataError("no data sources given; pass prepared directories or leave data.sources empty "
-                        "for the default corpus")
+        raise DataError(
+            "no data sources given; pass prepared directories or leave data.sources empty for the default corpus"
+        )
     sources = [PackedSource(d, split) for d in dirs]
     first = sources[0].manifest
     for s in sources[1:]:
         if s.manifest["row_len"] != first["row_len"]:
-            raise DataError(f"{s.dir} has seq_len {s.manifest['seq_len']} but {sources[0].dir} has "
-                            f"{first['seq_len']}; prepare all sources with the same --seq_len")
+            raise DataError(
+                f"{s.dir} has seq_len {s.manifest['seq_len']} but {sources[0].dir} has "
+                f"{first['seq_len']}; prepare all sources with the same --seq_len"
+            )
         if s.manifest["tokenizer"] != first["tokenizer"]:
-            raise DataError(f"{s.dir} and {sources[0].dir} use different tokenizers; prepare all sources "
-                            "with the same --tokenizer")
+            raise DataError(
+                f"{s.dir} and {sources[0].dir} use different tokenizers; prepare all sources with the same --tokenizer"
+            )
     return sources
 
 
@@ -113,8 +118,9 @@ def _normalise(weights: Sequence[float] | None, n: int) -> list[float]:
     return [w / sum(weights) for w in weights]
 
 
-def build_train_dataset(sources: Sequence[PackedSource], weights: Sequence[float] | None = None, *,
-                        seed: int = 0, shuffle: bool = True) -> tuple[grain.MapDataset, str]:
+def build_train_dataset(
+    sources: Sequence[PackedSource], weights: Sequence[float] | None = None, *, seed: int = 0, shuffle: bool = True
+) -> tuple[grain.MapDataset, str]:
     """Infinite mixed stream of rows and its fingerprint (sources, weights, seed)."""
     norm = _normalise(weights, len(sources))
     parts, kept = [], []
@@ -147,15 +153,26 @@ def rows_to_batch(rows: Sequence[dict[str, np.ndarray]]) -> dict[str, np.ndarray
     tokens = np.stack([r["tokens"] for r in rows]).astype(np.int32)
     segs = np.stack([r["segment_ids"] for r in rows]).astype(np.int32)
     seg_in, seg_lab = segs[:, :-1], segs[:, 1:]
-    return dict(input_ids=tokens[:, :-1], labels=tokens[:, 1:],
-                loss_mask=((seg_lab != 0) & (seg_lab == seg_in)).astype(np.float32), segment_ids=seg_in)
+    return dict(
+        input_ids=tokens[:, :-1],
+        labels=tokens[:, 1:],
+        loss_mask=((seg_lab != 0) & (seg_lab == seg_in)).astype(np.float32),
+        segment_ids=seg_in,
+    )
 
 
 class BatchIterator:
     """Global-counter batch iterator over an infinite `MapDataset` of rows (see module docstring)."""
 
-    def __init__(self, dataset: grain.MapDataset, fingerprint: str, *, process_index: int = 0,
-                 process_count: int = 1, prefetch: bool = False):
+    def __init__(
+        self,
+        dataset: grain.MapDataset,
+        fingerprint: str,
+        *,
+        process_index: int = 0,
+        process_count: int = 1,
+        prefetch: bool = False,
+    ):
         if not 0 <= process_index < process_count:
             raise DataError(f"process_index {process_index} must be in [0, process_count={process_count})")
         self.dataset, self.fingerprint = dataset, fingerprint
@@ -172,8 +189,10 @@ class BatchIterator:
     def next_batch(self, global_batch_size: int) -> dict[str, np.ndarray]:
         """This process's slice [global_batch_size / process_count, seq_len] of the next global batch."""
         if global_batch_size < 1 or global_batch_size % self.process_count:
-            raise DataError(f"global batch size {global_batch_size} must be a positive multiple of the "
-                            f"process count {self.process_count}")
+            raise DataError(
+                f"global batch size {global_batch_size} must be a positive multiple of the "
+                f"process count {self.process_count}"
+            )
         k = self.global_index
         batch = self._take_pending(k, global_batch_size)
         if batch is None:
@@ -198,9 +217,11 @@ class BatchIterator:
 
     def set_state(self, state: dict) -> None:
         if state.get("fingerprint") != self.fingerprint:
-            raise DataError(f"data iterator state is for pipeline {state.get('fingerprint')!r}, this one is "
-                            f"{self.fingerprint!r} (different sources, weights or seed); restore with the "
-                            "original data config")
+            raise DataError(
+                f"data iterator state is for pipeline {state.get('fingerprint')!r}, this one is "
+                f"{self.fingerprint!r} (different sources, weights or seed); restore with the "
+                "original data config"
+            )
         self._take_pending(-1, -1)
         self.global_index = int(state["global_index"])
 
@@ -224,17 +245,24 @@ def _process(process_index: int | None, process_count: int | None) -> tuple[int,
     return process_index, process_count
 
 
-def make_train_iterator(dirs: Sequence[str], weights: Sequence[float] | None = None, *, seed: int = 0,
-                        process_index: int | None = None, process_count: int | None = None,
-                        prefetch: bool = False) -> BatchIterator:
+def make_train_iterator(
+    dirs: Sequence[str],
+    weights: Sequence[float] | None = None,
+    *,
+    seed: int = 0,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    prefetch: bool = False,
+) -> BatchIterator:
     """Shuffled, mixed, infinite training iterator over the train splits of `dirs`."""
     ds, fp = build_train_dataset(open_sources(dirs, "train"), weights, seed=seed)
     p, n = _process(process_index, process_count)
     return BatchIterator(ds, fp, process_index=p, process_count=n, prefetch=prefetch)
 
 
-def make_eval_iterator(dirs: Sequence[str], *, process_index: int | None = None,
-                       process_count: int | None = None) -> BatchIterator:
+def make_eval_iterator(
+    dirs: Sequence[str], *, process_index: int | None = None, process_count: int | None = None
+) -> BatchIterator:
     """Fixed-order iterator over the eval splits of `dirs` (wraps around); call `reset()` per eval."""
     ds, fp = build_eval_dataset(open_sources(dirs, "eval"))
     p, n = _process(process_index, process_count)
@@ -249,26 +277,37 @@ def resolve_sources(config) -> list[str]:
     if d.sources:
         return [os.path.expanduser(s) for s in d.sources]
     out = corpus.default_corpus_dir(d.cache_dir, config.train.seq_len, d.tokenizer, d.default_corpus_max_bytes)
-    corpus.prepare_default_corpus(out, config.train.seq_len, d.tokenizer, d.default_corpus_max_bytes,
-                                  eval_fraction=d.eval_fraction)
+    corpus.prepare_default_corpus(
+        out, config.train.seq_len, d.tokenizer, d.default_corpus_max_bytes, eval_fraction=d.eval_fraction
+    )
     return [out]
 
 
-def make_iterators(config, *, process_index: int | None = None, process_count: int | None = None
-                   ) -> tuple[BatchIterator, BatchIterator | None, list[str]]:
+def make_iterators(
+    config, *, process_index: int | None = None, process_count: int | None = None
+) -> tuple[BatchIterator, BatchIterator | None, list[str]]:
     """(train iterator, eval iterator or None if no held-out rows, source dirs) from a full config."""
     dirs = resolve_sources(config)
     sources = open_sources(dirs, "train")
     m = sources[0].manifest
     if m["seq_len"] != config.train.seq_len:
-        raise DataError(f"{sources[0].dir} was prepared with seq_len {m['seq_len']} but train.seq_len="
-                        f"{config.train.seq_len}; prepare again or change train.seq_len")
+        raise DataError(
+            f"{sources[0].dir} was prepared with seq_len {m['seq_len']} but train.seq_len="
+            f"{config.train.seq_len}; prepare again or change train.seq_len"
+        )
     if m["vocab_size"] > config.model.vocab_size:
-        raise DataError(f"the data vocab_size {m['vocab_size']} exceeds model.vocab_size="
-                        f"{config.model.vocab_size}; raise model.vocab_size")
-    train = make_train_iterator(dirs, config.data.weights or None, seed=config.data.shuffle_seed,
-                                process_index=process_index, process_count=process_count,
-                                prefetch=config.data.prefetch)
+        raise DataError(
+            f"the data vocab_size {m['vocab_size']} exceeds model.vocab_size="
+            f"{config.model.vocab_size}; raise model.vocab_size"
+        )
+    train = make_train_iterator(
+        dirs,
+        config.data.weights or None,
+        seed=config.data.shuffle_seed,
+        process_index=process_index,
+        process_count=process_count,
+        prefetch=config.data.prefetch,
+    )
     has_eval = all(s.manifest["splits"]["eval"][1] > s.manifest["splits"]["eval"][0] for s in sources)
     evals = make_eval_iterator(dirs, process_index=process_index, process_count=process_count) if has_eval else None
     return train, evals, dirs

@@ -103,7 +103,7 @@ class _Packer:
         pos = start
         while pos < tokens.size:
             n = min(tokens.size - pos, self.cap - self.fill)
-            self.buf[self.fill:self.fill + n] = tokens[pos:pos + n]
+            self.buf[self.fill : self.fill + n] = tokens[pos : pos + n]
             self.runs.append((ordinal, n))
             self.fill, pos, self.tokens = self.fill + n, pos + n, self.tokens + n
             if self.fill == self.cap:
@@ -123,7 +123,7 @@ class _Packer:
         rows = -(-self.fill // self.row_len)
         n = rows * self.row_len
         tokens = self.buf[:n].copy()
-        tokens[self.fill:] = self.tok.pad_id
+        tokens[self.fill :] = self.tok.pad_id
         ords = np.repeat(np.array([o for o, _ in self.runs], np.int64), [k for _, k in self.runs])
         ords = np.concatenate([ords, np.full(n - self.fill, -1, np.int64)]).reshape(rows, self.row_len)
         segs = np.where(ords >= 0, ords - ords[:, :1] + 1, 0).astype(self.seg_dtype)
@@ -155,21 +155,34 @@ def _check_output_dir(out: str, config: dict, fp: str) -> dict | None:
             if old.get("config_fingerprint") != fp:
                 oc = old.get("config", {})
                 diff = sorted(k for k in set(oc) | set(config) if oc.get(k) != config.get(k)) or ["format"]
-                raise DataError(f"output dir {out} holds a different preparation (differs in {diff}); "
-                                "choose another --output or delete that directory")
+                raise DataError(
+                    f"output dir {out} holds a different preparation (differs in {diff}); "
+                    "choose another --output or delete that directory"
+                )
             if name == MANIFEST:
                 return old
             return None
     others = [e for e in os.listdir(out) if e != LOCK and not e.endswith(".tmp")]
     if others:
-        raise DataError(f"output dir {out} is not empty and holds no zaya_jax preparation "
-                        f"(found {others[:3]}); choose an empty or new directory")
+        raise DataError(
+            f"output dir {out} is not empty and holds no zaya_jax preparation "
+            f"(found {others[:3]}); choose an empty or new directory"
+        )
     return None
 
 
-def prepare(inputs: Sequence[str], output_dir: str, *, seq_len: int, tokenizer: "str | Tokenizer" = "byte",
-            shard_size: int = 2048, text_key: str = "text", eval_fraction: float = 0.02,
-            vocab_size: int | None = None, progress: bool = True) -> dict:
+def prepare(
+    inputs: Sequence[str],
+    output_dir: str,
+    *,
+    seq_len: int,
+    tokenizer: "str | Tokenizer" = "byte",
+    shard_size: int = 2048,
+    text_key: str = "text",
+    eval_fraction: float = 0.02,
+    vocab_size: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Tokenize and pack `inputs` into `output_dir`; returns the manifest dict.
 
     Idempotent and resumable: complete shards of an interrupted run are kept; a finished
@@ -177,13 +190,21 @@ def prepare(inputs: Sequence[str], output_dir: str, *, seq_len: int, tokenizer: 
     """
     tok = load_tokenizer(tokenizer, vocab_size=vocab_size)
     if seq_len < 1 or shard_size < 1 or not 0.0 <= eval_fraction < 1.0:
-        raise DataError(f"need seq_len >= 1, shard_size >= 1 and 0 <= eval_fraction < 1; got "
-                        f"{seq_len}, {shard_size}, {eval_fraction}")
+        raise DataError(
+            f"need seq_len >= 1, shard_size >= 1 and 0 <= eval_fraction < 1; got "
+            f"{seq_len}, {shard_size}, {eval_fraction}"
+        )
     files = expand_inputs(inputs)
     stats = [_stat(f) for f in files]
-    config = dict(format=FORMAT, tokenizer=tok.describe(), seq_len=int(seq_len), shard_size=int(shard_size),
-                  text_key=text_key, eval_fraction=float(eval_fraction),
-                  inputs=[[f, s.st_size, s.st_mtime_ns] for f, s in zip(files, stats)])
+    config = dict(
+        format=FORMAT,
+        tokenizer=tok.describe(),
+        seq_len=int(seq_len),
+        shard_size=int(shard_size),
+        text_key=text_key,
+        eval_fraction=float(eval_fraction),
+        inputs=[[f, s.st_size, s.st_mtime_ns] for f, s in zip(files, stats)],
+    )
     fp = _fingerprint(config)
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise DataError(f"output {output_dir} exists and is not a directory; choose a directory path")
@@ -199,8 +220,16 @@ def prepare(inputs: Sequence[str], output_dir: str, *, seq_len: int, tokenizer: 
         done = _completed(output_dir)
         if not (done and done[-1]["final"]):
             try:
-                _pack(iter_documents(files, text_key), output_dir, tok, seq_len + 1, shard_size, done,
-                      sum(s.st_size for s in stats), progress)
+                _pack(
+                    iter_documents(files, text_key),
+                    output_dir,
+                    tok,
+                    seq_len + 1,
+                    shard_size,
+                    done,
+                    sum(s.st_size for s in stats),
+                    progress,
+                )
             except DataError:
                 if not done:  # everything in the directory is this run's: nothing may block a fixed rerun
                     for name in os.listdir(output_dir):
@@ -228,8 +257,16 @@ def _batched(items: Iterable, size: int) -> Iterable[list]:
         yield batch
 
 
-def _pack(docs: Iterable[tuple[str, str]], out: str, tok: Tokenizer, row_len: int, shard_rows: int,
-          done: list[dict], total_bytes: int, progress: bool) -> int:
+def _pack(
+    docs: Iterable[tuple[str, str]],
+    out: str,
+    tok: Tokenizer,
+    row_len: int,
+    shard_rows: int,
+    done: list[dict],
+    total_bytes: int,
+    progress: bool,
+) -> int:
     """Pack documents into shards after the `done` ones; returns the number of documents seen."""
     from tqdm import tqdm
 
@@ -237,8 +274,9 @@ def _pack(docs: Iterable[tuple[str, str]], out: str, tok: Tokenizer, row_len: in
     packer = _Packer(out, tok, row_len, shard_rows, first_shard=len(done))
     eos = np.array([tok.eos_id], np.int32)
     ordinal, last_path = -1, None
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"prepare {os.path.basename(out)}",
-               disable=not progress)
+    bar = tqdm(
+        total=total_bytes, unit="B", unit_scale=True, desc=f"prepare {os.path.basename(out)}", disable=not progress
+    )
     for batch in _batched(enumerate(docs), ENCODE_BATCH):
         todo = [(ordinal, text) for ordinal, (_, text) in batch if ordinal >= resume["doc"]]
         encoded = dict(zip((o for o, _ in todo), tok.encode_batch([t for _, t in todo]) if todo else []))
@@ -253,8 +291,10 @@ def _pack(docs: Iterable[tuple[str, str]], out: str, tok: Tokenizer, row_len: in
             ids = encoded.pop(ordinal)
             if ids.size and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
                 bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
-                raise DataError(f"token id {bad} in {path} is outside [0, vocab_size={tok.vocab_size}); use a "
-                                "larger vocab_size or the tokenizer the vocab was built for")
+                raise DataError(
+                    f"token id {bad} in {path} is outside [0, vocab_size={tok.vocab_size}); use a "
+                    "larger vocab_size or the tokenizer the vocab was built for"
+                )
             start = resume["offset"] if ordinal == resume["doc"] else 0
             packer.add(ordinal, np.concatenate([ids, eos]), start)
     if last_path is not None:
@@ -274,12 +314,25 @@ def _manifest(out: str, tok: Tokenizer, config: dict, fp: str, done: list[dict])
     row_len = config["seq_len"] + 1
     frac = config["eval_fraction"]
     n_eval = min(max(int(round(num_rows * frac)), 1 if frac > 0 else 0), num_rows - 1)
-    return dict(format=FORMAT, config_fingerprint=fp, config=config, tokenizer=tok.describe(),
-                vocab_size=tok.vocab_size, pad_id=tok.pad_id, eos_id=tok.eos_id, bos_id=tok.bos_id,
-                seq_len=config["seq_len"], row_len=row_len, token_dtype=_token_dtype(tok.vocab_size).name,
-                num_documents=final["documents"], num_tokens=final["tokens"], num_rows=num_rows,
-                num_padding=num_rows * row_len - final["tokens"], shards=shards,
-                splits=dict(train=[0, num_rows - n_eval], eval=[num_rows - n_eval, num_rows]))
+    return dict(
+        format=FORMAT,
+        config_fingerprint=fp,
+        config=config,
+        tokenizer=tok.describe(),
+        vocab_size=tok.vocab_size,
+        pad_id=tok.pad_id,
+        eos_id=tok.eos_id,
+        bos_id=tok.bos_id,
+        seq_len=config["seq_len"],
+        row_len=row_len,
+        token_dtype=_token_dtype(tok.vocab_size).name,
+        num_documents=final["documents"],
+        num_tokens=final["tokens"],
+        num_rows=num_rows,
+        num_padding=num_rows * row_len - final["tokens"],
+        shards=shards,
+        splits=dict(train=[0, num_rows - n_eval], eval=[num_rows - n_eval, num_rows]),
+    )
 
 
 # ----------------------------------------------------------------------------- reading back
@@ -287,8 +340,10 @@ def load_manifest(prepared_dir: str) -> dict:
     """The manifest of a finished preparation; `DataError` if there is none."""
     path = os.path.join(os.path.expanduser(prepared_dir), MANIFEST)
     if not os.path.exists(path):
-        raise DataError(f"{prepared_dir} has no {MANIFEST}: it is not a finished preparation; run "
-                        "launch/prepare_data.py --input ... --output that_dir")
+        raise DataError(
+            f"{prepared_dir} has no {MANIFEST}: it is not a finished preparation; run "
+            "launch/prepare_data.py --input ... --output that_dir"
+        )
     manifest = _read_json(path)
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}; prepare it again")
@@ -301,7 +356,9 @@ def open_shards(prepared_dir: str, manifest: dict) -> list[tuple[np.ndarray, np.
     for shard in manifest["shards"]:
         pair = tuple(np.load(os.path.join(prepared_dir, shard[k]), mmap_mode="r") for k in ("tokens", "segments"))
         if pair[0].shape != (shard["rows"], manifest["row_len"]) or pair[1].shape != pair[0].shape:
-            raise DataError(f"shard {shard['tokens']} in {prepared_dir} has shape {pair[0].shape}, manifest says "
-                            f"{(shard['rows'], manifest['row_len'])}; prepare the data again")
+            raise DataError(
+                f"shard {shard['tokens']} in {prepared_dir} has shape {pair[0].shape}, manifest says "
+                f"{(shard['rows'], manifest['row_len'])}; prepare the data again"
+            )
         out.append(pair)
     return out

@@ -81,8 +81,14 @@ class ByteTokenizer:
         return arr.astype(np.uint8).tobytes().decode("utf-8", errors="replace")
 
     def describe(self) -> dict:
-        return dict(name=self.name, kind="byte", vocab_size=self.vocab_size, pad_id=self.pad_id,
-                    eos_id=self.eos_id, bos_id=self.bos_id)
+        return dict(
+            name=self.name,
+            kind="byte",
+            vocab_size=self.vocab_size,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            bos_id=self.bos_id,
+        )
 
     def __repr__(self) -> str:
         return "ByteTokenizer(vocab_size=384)"
@@ -104,8 +110,15 @@ class HFTokenizer:
     Special ids are looked up by the usual spellings unless given by token string.
     """
 
-    def __init__(self, path: str, *, vocab_size: int | None = None, eos_token: str | None = None,
-                 bos_token: str | None = None, pad_token: str | None = None):
+    def __init__(
+        self,
+        path: str,
+        *,
+        vocab_size: int | None = None,
+        eos_token: str | None = None,
+        bos_token: str | None = None,
+        pad_token: str | None = None,
+    ):
         try:
             import tokenizers
         except ImportError as e:  # pragma: no cover - tokenizers is a hard dependency
@@ -127,13 +140,15 @@ class HFTokenizer:
         self.name = f"hf:{os.path.basename(path)}"
 
     def _special(self, token: str | None, candidates: Sequence[str], what: str, required: bool) -> int | None:
-        for cand in ([token] if token else candidates):
+        for cand in [token] if token else candidates:
             idx = self._tok.token_to_id(cand)
             if idx is not None:
                 return int(idx)
         if required:
-            raise DataError(f"tokenizer {self.path!r} has no {what} token among {list(candidates)}; "
-                            f"add one or pass {what}_token=...")
+            raise DataError(
+                f"tokenizer {self.path!r} has no {what} token among {list(candidates)}; "
+                f"add one or pass {what}_token=..."
+            )
         return None
 
     def encode_array(self, text: str) -> np.ndarray:
@@ -145,16 +160,24 @@ class HFTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[np.ndarray]:
         """Token ids of each text, int32 arrays; `tokenizers` encodes the batch on several threads."""
-        return [np.asarray(e.ids, dtype=np.int32) for e in self._tok.encode_batch(list(texts),
-                                                                                  add_special_tokens=False)]
+        return [
+            np.asarray(e.ids, dtype=np.int32) for e in self._tok.encode_batch(list(texts), add_special_tokens=False)
+        ]
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
 
     def describe(self) -> dict:
-        return dict(name=self.name, kind="hf", sha256=self.sha256, vocab_size=self.vocab_size,
-                    raw_vocab_size=self.raw_vocab_size, pad_id=self.pad_id, eos_id=self.eos_id,
-                    bos_id=self.bos_id)
+        return dict(
+            name=self.name,
+            kind="hf",
+            sha256=self.sha256,
+            vocab_size=self.vocab_size,
+            raw_vocab_size=self.raw_vocab_size,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            bos_id=self.bos_id,
+        )
 
     def __repr__(self) -> str:
         return f"HFTokenizer({self.path!r}, vocab_size={self.vocab_size})"

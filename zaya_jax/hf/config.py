@@ -55,8 +55,7 @@ def _rope_settings(hf: Mapping[str, Any], source: str) -> tuple[float, float]:
     rp = hf.get("rope_parameters")
     if isinstance(rp, Mapping) and ("hybrid" in rp or "hybrid_sliding" in rp):
         if not isinstance(rp.get("hybrid"), Mapping):
-            raise _fail("rope_parameters", "nested form needs a 'hybrid' entry (the only supported layer type)",
-                        source)
+            raise _fail("rope_parameters", "nested form needs a 'hybrid' entry (the only supported layer type)", source)
         rp, default_factor = rp["hybrid"], 1.0  # HF reads the nested factor with default 1.0
     elif isinstance(rp, Mapping):
         default_factor = hf.get("partial_rotary_factor", 1.0)
@@ -77,8 +76,9 @@ def _check_supported(hf: Mapping[str, Any], num_layers: int, source: str) -> Non
     if hf.get("model_type", "zaya") != "zaya":
         raise _fail("model_type", f"{hf['model_type']!r} is not a ZAYA config (expected 'zaya')", source)
     if hf.get("num_experts_per_tok", 1) != 1:
-        raise _fail("num_experts_per_tok", f"{hf['num_experts_per_tok']} unsupported: the ZAYA1 router is top-1",
-                    source)
+        raise _fail(
+            "num_experts_per_tok", f"{hf['num_experts_per_tok']} unsupported: the ZAYA1 router is top-1", source
+        )
     if not hf.get("tie_word_embeddings", True):
         raise _fail("tie_word_embeddings", "false is unsupported: ZAYA1 ties the LM head to the embedding", source)
     if hf.get("hidden_act", "silu") != "silu":
@@ -90,14 +90,20 @@ def _check_supported(hf: Mapping[str, Any], num_layers: int, source: str) -> Non
     if layer_types is not None:
         bad = sorted({t for t in layer_types if t != "hybrid"})
         if bad:
-            raise _fail("layer_types", f"{bad} unsupported: only full-causal 'hybrid' layers (no sliding window)",
-                        source)
+            raise _fail(
+                "layer_types", f"{bad} unsupported: only full-causal 'hybrid' layers (no sliding window)", source
+            )
         if len(layer_types) != num_layers:
             raise _fail("layer_types", f"has {len(layer_types)} entries for num_hidden_layers={num_layers}", source)
 
 
-def config_from_hf(hf: Mapping[str, Any], *, skip_output: str = "zero", overrides: Mapping[str, Any] | None = None,
-                   source: str = "config.json") -> ml_collections.ConfigDict:
+def config_from_hf(
+    hf: Mapping[str, Any],
+    *,
+    skip_output: str = "zero",
+    overrides: Mapping[str, Any] | None = None,
+    source: str = "config.json",
+) -> ml_collections.ConfigDict:
     """Model config section from an HF `ZayaConfig` dict (the content of config.json).
 
     `skip_output` defaults to "zero" (HF-native semantics, §7); `dispatch` is set to the dropless "ragged"
@@ -151,8 +157,13 @@ def config_to_hf(m: ml_collections.ConfigDict) -> dict[str, Any]:
         attention_dropout=0.0,
         sliding_window=None,
         layer_types=["hybrid"] * int(m.num_layers),
-        rope_parameters={"hybrid": {"rope_type": "default", "rope_theta": float(m.rope_theta),
-                                    "partial_rotary_factor": float(m.partial_rotary_factor)}},
+        rope_parameters={
+            "hybrid": {
+                "rope_type": "default",
+                "rope_theta": float(m.rope_theta),
+                "partial_rotary_factor": float(m.partial_rotary_factor),
+            }
+        },
         use_cache=True,
         output_router_logits=False,
         dtype=str(m.param_dtype),

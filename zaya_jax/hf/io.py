@@ -1,7 +1,8 @@
 """Read and write `transformers`-style ZAYA checkpoints (config.json + *.safetensors) without torch.
 
 Weights go through `safetensors` with the NumPy framework (`safe_open(framework="numpy")`, which returns BF16
-tensors as `ml_dtypes.bfloat16` arrays from safetensors 0.8 on). Tensor names: `zaya_jax/hf/mapping.py`; layouts: docs/architecture.md §11.
+tensors as `ml_dtypes.bfloat16` arrays from safetensors 0.8 on). Tensor names: `zaya_jax/hf/mapping.py`;
+layouts: docs/architecture.md §11.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from safetensors import safe_open
 from zaya_jax.config import default_config
 from zaya_jax.hf.config import HFConversionError, config_from_hf, config_to_hf
 from zaya_jax.hf.mapping import (
-    TIED_HEAD, Path, check_names, detect_layout, hf_to_state, state_to_hf, tensor_specs,
+    TIED_HEAD,
+    Path,
+    check_names,
+    detect_layout,
+    hf_to_state,
+    state_to_hf,
+    tensor_specs,
 )
 from zaya_jax.model import Zaya, abstract_model
 
@@ -33,8 +40,9 @@ def read_hf_config(path: str) -> dict[str, Any]:
     """The parsed `path/config.json` (raises `HFConversionError` naming the file)."""
     file = os.path.join(path, CONFIG_FILE)
     if not os.path.isdir(path):
-        raise HFConversionError(f"{path} is not a directory; pass a transformers checkpoint directory "
-                                f"({CONFIG_FILE} + *.safetensors)")
+        raise HFConversionError(
+            f"{path} is not a directory; pass a transformers checkpoint directory ({CONFIG_FILE} + *.safetensors)"
+        )
     if not os.path.isfile(file):
         raise HFConversionError(f"{path} has no {CONFIG_FILE}: it is not a transformers checkpoint directory")
     try:
@@ -82,8 +90,13 @@ class SafetensorsCheckpoint:
         return self._handles[self.file_of[name]].get_tensor(name)
 
 
-def _read_state(ckpt: SafetensorsCheckpoint, m: ml_collections.ConfigDict, layout: str,
-                shapes: dict[Path, tuple[int, ...]], dtypes: dict[Path, np.dtype]) -> dict[Path, np.ndarray]:
+def _read_state(
+    ckpt: SafetensorsCheckpoint,
+    m: ml_collections.ConfigDict,
+    layout: str,
+    shapes: dict[Path, tuple[int, ...]],
+    dtypes: dict[Path, np.dtype],
+) -> dict[Path, np.ndarray]:
     """Validate names and shapes against the expected layout, then read every tensor."""
     if layout == "auto":
         layout = detect_layout(ckpt.names(), source=str(sorted(set(ckpt.file_of.values()))))
@@ -92,18 +105,29 @@ def _read_state(ckpt: SafetensorsCheckpoint, m: ml_collections.ConfigDict, layou
     for spec in specs:
         found = ckpt.shape(spec.name)
         if found != spec.hf_shape:
-            raise HFConversionError(f"{ckpt.where(spec.name)}: tensor {spec.name!r} has shape {list(found)}, "
-                                    f"expected {list(spec.hf_shape)} from config.json")
+            raise HFConversionError(
+                f"{ckpt.where(spec.name)}: tensor {spec.name!r} has shape {list(found)}, "
+                f"expected {list(spec.hf_shape)} from config.json"
+            )
     state = hf_to_state(specs, ckpt.get, shapes, dtypes)
     if TIED_HEAD in ckpt.file_of and not np.array_equal(
-            np.asarray(ckpt.get(TIED_HEAD), np.float32), np.asarray(state[("embed",)], np.float32)):
-        raise HFConversionError(f"{ckpt.where(TIED_HEAD)}: tensor {TIED_HEAD!r} differs from the embedding; "
-                                "an untied LM head is unsupported")
+        np.asarray(ckpt.get(TIED_HEAD), np.float32), np.asarray(state[("embed",)], np.float32)
+    ):
+        raise HFConversionError(
+            f"{ckpt.where(TIED_HEAD)}: tensor {TIED_HEAD!r} differs from the embedding; "
+            "an untied LM head is unsupported"
+        )
     return state
 
 
-def load_pretrained(path: str, *, dtype: str | None = None, skip_output: str = "zero", layout: str = "auto",
-                    overrides: dict[str, Any] | None = None) -> tuple[ml_collections.ConfigDict, Zaya]:
+def load_pretrained(
+    path: str,
+    *,
+    dtype: str | None = None,
+    skip_output: str = "zero",
+    layout: str = "auto",
+    overrides: dict[str, Any] | None = None,
+) -> tuple[ml_collections.ConfigDict, Zaya]:
     """Load a `transformers` `save_pretrained` directory (HF-native or legacy names) into a JAX `Zaya`.
 
     dtype: parameter and compute dtype ("float32" | "bfloat16"); None keeps the project default (fp32).
@@ -113,8 +137,9 @@ def load_pretrained(path: str, *, dtype: str | None = None, skip_output: str = "
     overrides = dict(overrides or {})
     if dtype is not None:
         overrides.update(param_dtype=str(dtype), dtype=str(dtype))
-    m = config_from_hf(read_hf_config(path), skip_output=skip_output, overrides=overrides,
-                       source=os.path.join(path, CONFIG_FILE))
+    m = config_from_hf(
+        read_hf_config(path), skip_output=skip_output, overrides=overrides, source=os.path.join(path, CONFIG_FILE)
+    )
     graphdef, abstract_state = nnx.split(abstract_model(m))
     flat = nnx.to_flat_state(abstract_state)
     shapes = {p: tuple(v.get_value().shape) for p, v in flat}
@@ -143,8 +168,9 @@ def _shards(tensors: dict[str, np.ndarray], max_shard_bytes: int | None) -> list
     return shards
 
 
-def save_pretrained(model: Zaya, path: str, *, layout: str = "hf", overwrite: bool = False,
-                    max_shard_bytes: int | None = None) -> None:
+def save_pretrained(
+    model: Zaya, path: str, *, layout: str = "hf", overwrite: bool = False, max_shard_bytes: int | None = None
+) -> None:
     """Write config.json + model.safetensors (or index-linked shards) that `ZayaForCausalLM.from_pretrained`
     loads (layout "hf"); layout "legacy" writes the 80-half-layer names (same config.json).
 

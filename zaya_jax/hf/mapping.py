@@ -53,8 +53,12 @@ TRANSPOSE = Transform(_swap, _swap, lambda s: (*s[:-2], s[-1], s[-2]))
 CONV1 = Transform(lambda w: w[:, 0, :].T, lambda w: w.T[:, None, :], lambda s: (s[1], 1, s[0]))  # [C,1,k]↔[k,C]
 CONV2 = Transform(_conv2_to_jax, _conv2_to_hf, lambda s: (s[1] * s[2], s[2], s[0]))
 
-_MERGE = (("h_scale", "hidden_states_scale"), ("h_bias", "hidden_states_bias"),
-          ("r_scale", "residual_scale"), ("r_bias", "residual_bias"))
+_MERGE = (
+    ("h_scale", "hidden_states_scale"),
+    ("h_bias", "hidden_states_bias"),
+    ("r_scale", "residual_scale"),
+    ("r_bias", "residual_bias"),
+)
 
 # (JAX path under "layers", HF-native suffix, legacy half-layer offset from 2i, legacy suffix, transform)
 _LAYER_TABLE: tuple[tuple[Path, str, int, str, Transform], ...] = (
@@ -73,22 +77,40 @@ _LAYER_TABLE: tuple[tuple[Path, str, int, str, Transform], ...] = (
     (("moe_norm", "scale"), "post_attention_layernorm.weight", 1, "input_norm.weight", IDENTITY),
     (("moe", "router", "w_down"), "mlp.gate.down_proj.weight", 1, "zaya_block.router.down_proj.weight", TRANSPOSE),
     (("moe", "router", "b_down"), "mlp.gate.down_proj.bias", 1, "zaya_block.router.down_proj.bias", IDENTITY),
-    (("moe", "router", "eda_scale"), "mlp.gate.router_states_scale", 1, "zaya_block.router.router_states_scale",
-     IDENTITY),
-    (("moe", "router", "norm"), "mlp.gate.router_mlp.norm.weight", 1, "zaya_block.router.rmsnorm_eda.weight",
-     IDENTITY),
+    (
+        ("moe", "router", "eda_scale"),
+        "mlp.gate.router_states_scale",
+        1,
+        "zaya_block.router.router_states_scale",
+        IDENTITY,
+    ),
+    (("moe", "router", "norm"), "mlp.gate.router_mlp.norm.weight", 1, "zaya_block.router.rmsnorm_eda.weight", IDENTITY),
     (("moe", "router", "w1"), "mlp.gate.router_mlp.fc1.weight", 1, "zaya_block.router.router_mlp.0.weight", TRANSPOSE),
     (("moe", "router", "b1"), "mlp.gate.router_mlp.fc1.bias", 1, "zaya_block.router.router_mlp.0.bias", IDENTITY),
     (("moe", "router", "w2"), "mlp.gate.router_mlp.fc2.weight", 1, "zaya_block.router.router_mlp.2.weight", TRANSPOSE),
     (("moe", "router", "b2"), "mlp.gate.router_mlp.fc2.bias", 1, "zaya_block.router.router_mlp.2.bias", IDENTITY),
-    (("moe", "router", "w3"), "mlp.gate.router_mlp.out_proj.weight", 1, "zaya_block.router.router_mlp.4.weight",
-     TRANSPOSE),
-    (("moe", "router", "balancing_bias"), "mlp.gate.balancing_biases", 1, "zaya_block.router.balancing_biases",
-     IDENTITY),
-    (("moe", "w_in"), "mlp.experts.gate_up_proj", 1, "zaya_block.experts.local_experts.{e}.linear_fc1.weight",
-     TRANSPOSE),
-    (("moe", "w_out"), "mlp.experts.down_proj", 1, "zaya_block.experts.local_experts.{e}.linear_fc2.weight",
-     TRANSPOSE),
+    (
+        ("moe", "router", "w3"),
+        "mlp.gate.router_mlp.out_proj.weight",
+        1,
+        "zaya_block.router.router_mlp.4.weight",
+        TRANSPOSE,
+    ),
+    (
+        ("moe", "router", "balancing_bias"),
+        "mlp.gate.balancing_biases",
+        1,
+        "zaya_block.router.balancing_biases",
+        IDENTITY,
+    ),
+    (
+        ("moe", "w_in"),
+        "mlp.experts.gate_up_proj",
+        1,
+        "zaya_block.experts.local_experts.{e}.linear_fc1.weight",
+        TRANSPOSE,
+    ),
+    (("moe", "w_out"), "mlp.experts.down_proj", 1, "zaya_block.experts.local_experts.{e}.linear_fc2.weight", TRANSPOSE),
     *((("moe_merge", j), f"post_mlp_residual_scale.{h}", 2, f"res_scale.{h}", IDENTITY) for j, h in _MERGE),
 )
 
@@ -124,8 +146,10 @@ def tensor_specs(m: ml_collections.ConfigDict, shapes: Mapping[Path, tuple[int, 
     if layout not in LAYOUTS:
         raise HFConversionError(f"layout={layout!r}; choose one of {LAYOUTS}")
     legacy, num_layers = layout == "legacy", int(m.num_layers)
-    specs = [TensorSpec(legacy_name if legacy else hf_name, path, (), IDENTITY, tuple(shapes[path]))
-             for path, hf_name, legacy_name in _GLOBAL_TABLE]
+    specs = [
+        TensorSpec(legacy_name if legacy else hf_name, path, (), IDENTITY, tuple(shapes[path]))
+        for path, hf_name, legacy_name in _GLOBAL_TABLE
+    ]
     for sub, hf_suffix, offset, legacy_suffix, tf in _LAYER_TABLE:
         path = ("layers", *sub)
         per_expert = legacy and "{e}" in legacy_suffix
@@ -135,21 +159,26 @@ def tensor_specs(m: ml_collections.ConfigDict, shapes: Mapping[Path, tuple[int, 
             experts = range(shapes[path][1]) if per_expert else [None]
             for e in experts:
                 index = (i,) if e is None else (i, e)
-                name = (_legacy_name(legacy_suffix.format(e=e), i, offset, num_layers) if legacy
-                        else f"model.layers.{i}.{hf_suffix}")
-                specs.append(TensorSpec(name, path, index, tf, tf.hf_shape(tuple(shapes[path][len(index):]))))
+                name = (
+                    _legacy_name(legacy_suffix.format(e=e), i, offset, num_layers)
+                    if legacy
+                    else f"model.layers.{i}.{hf_suffix}"
+                )
+                specs.append(TensorSpec(name, path, index, tf, tf.hf_shape(tuple(shapes[path][len(index) :]))))
     return specs
 
 
 def detect_layout(names: Iterable[str], source: str = "checkpoint") -> str:
-    """"hf" or "legacy" from the tensor names (raises `HFConversionError` if neither matches)."""
+    """ "hf" or "legacy" from the tensor names (raises `HFConversionError` if neither matches)."""
     names = set(names)
     if "model.norm.weight" in names or any(".qkv_proj." in n for n in names):
         return "hf"
     if "model.final_norm.weight" in names or any(".zaya_block." in n for n in names):
         return "legacy"
-    raise HFConversionError(f"{source}: cannot detect the layout (no 'model.norm.weight' (HF-native) or "
-                            "'model.final_norm.weight' (legacy) tensor); pass layout='hf' or 'legacy'")
+    raise HFConversionError(
+        f"{source}: cannot detect the layout (no 'model.norm.weight' (HF-native) or "
+        "'model.final_norm.weight' (legacy) tensor); pass layout='hf' or 'legacy'"
+    )
 
 
 def check_names(specs: list[TensorSpec], names: Iterable[str], layout: str, where: Callable[[str], str]) -> None:
@@ -158,16 +187,23 @@ def check_names(specs: list[TensorSpec], names: Iterable[str], layout: str, wher
     names = set(names)
     unknown = sorted(names - expected - {TIED_HEAD})
     if unknown:
-        raise HFConversionError(f"{where(unknown[0])}: unknown tensor {unknown[0]!r} for the {layout!r} layout"
-                                f" ({len(unknown)} unknown in total)")
+        raise HFConversionError(
+            f"{where(unknown[0])}: unknown tensor {unknown[0]!r} for the {layout!r} layout"
+            f" ({len(unknown)} unknown in total)"
+        )
     missing = [s.name for s in specs if s.name not in names]
     if missing:
-        raise HFConversionError(f"checkpoint: missing tensor {missing[0]!r} ({layout!r} layout; "
-                                f"{len(missing)} missing in total)")
+        raise HFConversionError(
+            f"checkpoint: missing tensor {missing[0]!r} ({layout!r} layout; {len(missing)} missing in total)"
+        )
 
 
-def hf_to_state(specs: list[TensorSpec], get: Callable[[str], np.ndarray], shapes: Mapping[Path, tuple[int, ...]],
-                dtypes: Mapping[Path, np.dtype]) -> dict[Path, np.ndarray]:
+def hf_to_state(
+    specs: list[TensorSpec],
+    get: Callable[[str], np.ndarray],
+    shapes: Mapping[Path, tuple[int, ...]],
+    dtypes: Mapping[Path, np.dtype],
+) -> dict[Path, np.ndarray]:
     """Fill one NumPy array per JAX path from PyTorch tensors (`get(name)`), in place, no stacking copies.
 
     The first router's `eda_scale` (no PyTorch tensor) is filled with ones.

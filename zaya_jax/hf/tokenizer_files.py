@@ -45,8 +45,7 @@ def byte_tokenizer():
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
     byte = ByteTokenizer()
-    vocab = {SPECIAL_TOKENS["pad"]: byte.pad_id, SPECIAL_TOKENS["eos"]: byte.eos_id,
-             SPECIAL_TOKENS["bos"]: byte.bos_id}
+    vocab = {SPECIAL_TOKENS["pad"]: byte.pad_id, SPECIAL_TOKENS["eos"]: byte.eos_id, SPECIAL_TOKENS["bos"]: byte.bos_id}
     vocab.update({char: b + byte.offset for b, char in enumerate(byte_chars())})
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
@@ -96,17 +95,31 @@ def save_tokenizer_files(path: str, spec: str, model_cfg: ml_collections.ConfigD
     target = os.path.join(path, "tokenizer.json")
     if isinstance(tok, ByteTokenizer):
         byte_tokenizer().save(target)
-        names = {"pad_token": SPECIAL_TOKENS["pad"], "eos_token": SPECIAL_TOKENS["eos"],
-                 "bos_token": SPECIAL_TOKENS["bos"]}
+        names = {
+            "pad_token": SPECIAL_TOKENS["pad"],
+            "eos_token": SPECIAL_TOKENS["eos"],
+            "bos_token": SPECIAL_TOKENS["bos"],
+        }
     else:
         shutil.copyfile(tok.path, target)
-        names = {f"{what}_token": tok._tok.id_to_token(i)
-                 for what, i in (("pad", tok.pad_id), ("eos", tok.eos_id), ("bos", tok.bos_id)) if i is not None}
+        names = {
+            f"{what}_token": tok._tok.id_to_token(i)
+            for what, i in (("pad", tok.pad_id), ("eos", tok.eos_id), ("bos", tok.bos_id))
+            if i is not None
+        }
     ids = {"pad_token_id": tok.pad_id, "eos_token_id": tok.eos_id, "bos_token_id": tok.bos_id}
     with open(os.path.join(path, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(model_cfg.get(
-            "max_position_embeddings", 131_072)), "add_bos_token": False, "add_eos_token": False, **names}, f,
-                  indent=2)
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "model_max_length": int(model_cfg.get("max_position_embeddings", 131_072)),
+                "add_bos_token": False,
+                "add_eos_token": False,
+                **names,
+            },
+            f,
+            indent=2,
+        )
     with open(os.path.join(path, "generation_config.json"), "w", encoding="utf-8") as f:
         json.dump({**{k: v for k, v in ids.items() if v is not None}, "do_sample": False}, f, indent=2)
     return ids

@@ -7,7 +7,13 @@
 
 from zaya_jax.inference.cache import DecodeCache, dropless, extend, init_cache
 from zaya_jax.inference.generate import (
-    decode_step, filter_logits, generate, left_pad, pad_counts, prefill, sample_logits,
+    decode_step,
+    filter_logits,
+    generate,
+    left_pad,
+    pad_counts,
+    prefill,
+    sample_logits,
 )
 
 __all__ = [

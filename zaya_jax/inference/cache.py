@@ -52,8 +52,7 @@ class DecodeCache(NamedTuple):
         return self.k.shape[2]
 
 
-def init_cache(m: ml_collections.ConfigDict, batch: int, max_len: int,
-               start: jax.Array | None = None) -> DecodeCache:
+def init_cache(m: ml_collections.ConfigDict, batch: int, max_len: int, start: jax.Array | None = None) -> DecodeCache:
     """An empty cache for `batch` rows of at most `max_len` tokens.
 
     start: [B] int number of left-pad slots per row (None = no padding).
@@ -123,8 +122,16 @@ class LayerCache(NamedTuple):
     x_prev: jax.Array  # [B, 1, H]
 
 
-def layer_extend(layer: DecoderLayer, r: jax.Array, a: jax.Array, lc: LayerCache, length: jax.Array,
-                 real: jax.Array, positions: jax.Array, mask: jax.Array):
+def layer_extend(
+    layer: DecoderLayer,
+    r: jax.Array,
+    a: jax.Array,
+    lc: LayerCache,
+    length: jax.Array,
+    real: jax.Array,
+    positions: jax.Array,
+    mask: jax.Array,
+):
     """One decoder layer (§2) on S new tokens with cached context.
 
     r: [B, S, H] fp32 residual; a: [B, S, R] fp32 router state; real: [B, S] bool (False = pad slot);
@@ -144,7 +151,7 @@ def layer_extend(layer: DecoderLayer, r: jax.Array, a: jax.Array, lc: LayerCache
     r = layer.moe_merge(z, r)
     halo = lc.conv.shape[1]
     packed = jnp.concatenate([lc.conv, c.astype(lc.conv.dtype)], axis=1)
-    conv = packed[:, packed.shape[1] - halo:]
+    conv = packed[:, packed.shape[1] - halo :]
     return r, a, (k.astype(lc.k.dtype), v.astype(lc.v.dtype), conv, x[:, -1:].astype(lc.x_prev.dtype))
 
 
@@ -158,8 +165,9 @@ def attention_mask(slots: jax.Array, start: jax.Array, max_len: int) -> jax.Arra
     return (keys <= qs) & ((keys >= start[:, None, None]) | (keys == qs))
 
 
-def extend(model: Zaya, cache: DecodeCache, ids: jax.Array, *, last_only: bool = False
-           ) -> tuple[jax.Array, DecodeCache]:
+def extend(
+    model: Zaya, cache: DecodeCache, ids: jax.Array, *, last_only: bool = False
+) -> tuple[jax.Array, DecodeCache]:
     """Feed ids [B, S] at cache slots [length, length + S). Returns (logits fp32 [B, S or 1, V], cache).
 
     Pure (jit it from outside). The caller keeps length + S ≤ max_len: dynamic_update_slice clamps.
@@ -179,16 +187,21 @@ def extend(model: Zaya, cache: DecodeCache, ids: jax.Array, *, last_only: bool =
     def body(carry, xs):
         r, a = carry
         layer_state, lc = xs
-        r, a, new = layer_extend(nnx.merge(graphdef, layer_state), r, a, LayerCache(*lc), cache.length,
-                                 real, positions, mask)
+        r, a, new = layer_extend(
+            nnx.merge(graphdef, layer_state), r, a, LayerCache(*lc), cache.length, real, positions, mask
+        )
         return (r, a), new
 
     (r, _), (k_new, v_new, conv, x_prev) = jax.lax.scan(
-        body, (r, a), (stacked, (cache.k, cache.v, cache.conv, cache.x_prev)))
+        body, (r, a), (stacked, (cache.k, cache.v, cache.conv, cache.x_prev))
+    )
     new_cache = cache._replace(
         k=jax.lax.dynamic_update_slice_in_dim(cache.k, k_new, cache.length, axis=2),
         v=jax.lax.dynamic_update_slice_in_dim(cache.v, v_new, cache.length, axis=2),
-        conv=conv, x_prev=x_prev, length=cache.length + s)
+        conv=conv,
+        x_prev=x_prev,
+        length=cache.length + s,
+    )
     if last_only:
         r = r[:, -1:]
     return model.logits(model.final_norm(r)), new_cache

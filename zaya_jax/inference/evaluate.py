@@ -32,7 +32,6 @@ from zaya_jax.data.tokenizer import ByteTokenizer, DataError, Tokenizer, load_to
 from zaya_jax.inference.cache import dropless
 from zaya_jax.model.zaya import Zaya
 
-
 LOGIT_CHUNK = 1024  # tokens per head/log-softmax chunk: [chunk, V] fp32 logits at a time
 
 
@@ -63,8 +62,9 @@ def token_logprobs(model: Zaya, input_ids, labels) -> np.ndarray:
     """
     graphdef, state = nnx.split(dropless(model))
     ids = jnp.asarray(input_ids, jnp.int32)
-    out = _token_logprobs(graphdef, state, ids, jnp.asarray(labels, jnp.int32),
-                          chunk=min(LOGIT_CHUNK, ids.shape[0] * ids.shape[1]))
+    out = _token_logprobs(
+        graphdef, state, ids, jnp.asarray(labels, jnp.int32), chunk=min(LOGIT_CHUNK, ids.shape[0] * ids.shape[1])
+    )
     return np.asarray(out, np.float32)
 
 
@@ -100,19 +100,29 @@ def data_tokenizer(dirs: Sequence[str], tokenizer: "str | Tokenizer | None" = No
     if tokenizer is None:
         local = os.path.join(os.path.expanduser(dirs[0]), "tokenizer.json")
         if not os.path.isfile(local):
-            raise DataError(f"{dirs[0]} was prepared with tokenizer {described.get('name')!r}; pass its "
-                            "tokenizer.json (--tokenizer=PATH) to count bytes")
+            raise DataError(
+                f"{dirs[0]} was prepared with tokenizer {described.get('name')!r}; pass its "
+                "tokenizer.json (--tokenizer=PATH) to count bytes"
+            )
         tokenizer = local
     tok = load_tokenizer(tokenizer)
     want, got = described.get("sha256"), tok.describe().get("sha256")
     if described.get("kind") != tok.describe().get("kind") or (want and got and want != got):
-        raise DataError(f"tokenizer {tok!r} does not match the one that prepared {dirs[0]} "
-                        f"({described.get('name')!r}, sha256 {want})")
+        raise DataError(
+            f"tokenizer {tok!r} does not match the one that prepared {dirs[0]} "
+            f"({described.get('name')!r}, sha256 {want})"
+        )
     return tok
 
 
-def evaluate_loss(model: Zaya, dirs: Sequence[str], *, batch_size: int = 8, max_batches: int | None = None,
-                  tokenizer: "str | Tokenizer | None" = None) -> dict:
+def evaluate_loss(
+    model: Zaya,
+    dirs: Sequence[str],
+    *,
+    batch_size: int = 8,
+    max_batches: int | None = None,
+    tokenizer: "str | Tokenizer | None" = None,
+) -> dict:
     """Held-out loss over the eval splits of `dirs`, each row once (single process).
 
     Returns {"loss": mean nats per scored token, "bits_per_byte", "perplexity", "tokens", "bytes", "nats",
@@ -129,8 +139,9 @@ def evaluate_loss(model: Zaya, dirs: Sequence[str], *, batch_size: int = 8, max_
         while done < num_rows:
             n = min(batch_size, num_rows - done)
             batch = it.next_batch(n)
-            ids, labels, mask = (np.pad(batch[k], ((0, batch_size - n), (0, 0)))
-                                 for k in ("input_ids", "labels", "loss_mask"))
+            ids, labels, mask = (
+                np.pad(batch[k], ((0, batch_size - n), (0, 0))) for k in ("input_ids", "labels", "loss_mask")
+            )
             logp = token_logprobs(model, ids, labels).astype(np.float64)
             nats -= float(np.sum(logp * mask))
             tokens += float(np.sum(mask))
@@ -139,16 +150,24 @@ def evaluate_loss(model: Zaya, dirs: Sequence[str], *, batch_size: int = 8, max_
     finally:
         it.close()
     loss = nats / max(tokens, 1.0)
-    return dict(loss=loss, perplexity=math.exp(min(loss, 700.0)), bits_per_byte=nats / math.log(2) / max(nbytes, 1),
-                tokens=int(tokens), bytes=nbytes, nats=nats, rows=done)
+    return dict(
+        loss=loss,
+        perplexity=math.exp(min(loss, 700.0)),
+        bits_per_byte=nats / math.log(2) / max(nbytes, 1),
+        tokens=int(tokens),
+        bytes=nbytes,
+        nats=nats,
+        rows=done,
+    )
 
 
 def _bucket(n: int, multiple: int = 16) -> int:
     return -(-n // multiple) * multiple
 
 
-def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequence[str], *,
-                  prefix_ids: Sequence[int] | None = None) -> np.ndarray:
+def score_choices(
+    model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequence[str], *, prefix_ids: Sequence[int] | None = None
+) -> np.ndarray:
     """Σ log p(choice tokens | prefix + context) for each choice → float64 [n_choices].
 
     Context and choice are tokenized separately (the continuation's tokens are the choice's own). The
@@ -167,8 +186,8 @@ def score_choices(model: Zaya, tokenizer: Tokenizer, context: str, choices: Sequ
     ids = np.full((len(seqs), length + 1), tokenizer.pad_id, np.int32)
     weights = np.zeros((len(seqs), length), np.float64)
     for i, s in enumerate(seqs):
-        ids[i, :len(s)] = s
-        weights[i, len(ctx) - 1:len(s) - 1] = 1.0  # label positions of the continuation tokens
+        ids[i, : len(s)] = s
+        weights[i, len(ctx) - 1 : len(s) - 1] = 1.0  # label positions of the continuation tokens
     logp = token_logprobs(model, ids[:, :-1], ids[:, 1:]).astype(np.float64)
     return np.sum(logp * weights, axis=1)
 
@@ -177,20 +196,28 @@ def load_mc(path: str) -> list[dict]:
     """Multiple-choice items from a JSONL file (one `{"context", "choices", "answer"}` object per line)."""
     items = []
     for lineno, item in jsonl_records(os.path.expanduser(path)):
-        ok = (isinstance(item, dict) and isinstance(item.get("context"), str) and isinstance(item.get("choices"), list)
-              and item["choices"] and isinstance(item.get("answer"), int)
-              and 0 <= item["answer"] < len(item["choices"]))
+        ok = (
+            isinstance(item, dict)
+            and isinstance(item.get("context"), str)
+            and isinstance(item.get("choices"), list)
+            and item["choices"]
+            and isinstance(item.get("answer"), int)
+            and 0 <= item["answer"] < len(item["choices"])
+        )
         if not ok:
-            raise DataError(f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
-                            f"index into choices}}, got {json.dumps(item)[:200]}")
+            raise DataError(
+                f"{path}:{lineno}: need {{'context': str, 'choices': [str, ...], 'answer': int "
+                f"index into choices}}, got {json.dumps(item)[:200]}"
+            )
         items.append(item)
     if not items:
         raise DataError(f"{path}: no items")
     return items
 
 
-def evaluate_mc(model: Zaya, tokenizer: Tokenizer, items: Iterable[dict], *,
-                prefix_ids: Sequence[int] | None = None) -> dict:
+def evaluate_mc(
+    model: Zaya, tokenizer: Tokenizer, items: Iterable[dict], *, prefix_ids: Sequence[int] | None = None
+) -> dict:
     """Accuracy and length-normalised accuracy (score / UTF-8 bytes of the choice) over `items`.
 
     Returns {"accuracy", "accuracy_norm", "items", "scores": per item list of per-choice scores}.

@@ -29,7 +29,7 @@ def left_pad(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray,
     ids = np.full((len(prompts), int(lengths.max(initial=1))), pad_id, np.int32)
     for row, p in enumerate(prompts):
         if len(p):
-            ids[row, ids.shape[1] - len(p):] = np.asarray(p, np.int32)
+            ids[row, ids.shape[1] - len(p) :] = np.asarray(p, np.int32)
     return ids, lengths
 
 
@@ -47,8 +47,9 @@ def pad_counts(prompt_ids: np.ndarray, prompt_lengths=None, pad_id: int | None =
     return np.where(is_pad.all(axis=1), p, np.argmin(is_pad, axis=1)).astype(np.int32)
 
 
-def filter_logits(logits: jax.Array, temperature: jax.Array | float, top_k: jax.Array | int = 0,
-                  top_p: jax.Array | float = 1.0) -> jax.Array:
+def filter_logits(
+    logits: jax.Array, temperature: jax.Array | float, top_k: jax.Array | int = 0, top_p: jax.Array | float = 1.0
+) -> jax.Array:
     """logits [B, V] → logits / temperature with every token outside the top-k / top-p set at −inf.
 
     top_k > 0 keeps the k largest logits; top_p < 1 then keeps the smallest set of most likely tokens (of
@@ -68,8 +69,13 @@ def filter_logits(logits: jax.Array, temperature: jax.Array | float, top_k: jax.
     return jnp.where(logits < threshold, -jnp.inf, logits)
 
 
-def sample_logits(logits: jax.Array, key: jax.Array, temperature: jax.Array | float = 0.0,
-                  top_k: jax.Array | int = 0, top_p: jax.Array | float = 1.0) -> jax.Array:
+def sample_logits(
+    logits: jax.Array,
+    key: jax.Array,
+    temperature: jax.Array | float = 0.0,
+    top_k: jax.Array | int = 0,
+    top_p: jax.Array | float = 1.0,
+) -> jax.Array:
     """Next tokens [B] int32 from logits [B, V] (fp32); arguments may be traced (one compile for all modes).
 
     temperature <= 0: greedy argmax (ties → lowest id). Otherwise a draw from softmax(logits / temperature)
@@ -101,8 +107,9 @@ def _decode_step(graphdef, state, cache, tokens):
     return logits[:, 0], cache
 
 
-def prefill(model: Zaya, ids: jax.Array, max_len: int, *, start: jax.Array | None = None,
-            last_only: bool = False) -> tuple[jax.Array, DecodeCache]:
+def prefill(
+    model: Zaya, ids: jax.Array, max_len: int, *, start: jax.Array | None = None, last_only: bool = False
+) -> tuple[jax.Array, DecodeCache]:
     """Run the prompt ids [B, S] through a fresh cache of `max_len` slots (jitted).
 
     start: [B] left-pad counts (None = none). Returns (logits fp32 [B, S or 1, V], cache with length S).
@@ -123,8 +130,9 @@ def decode_step(model: Zaya, cache: DecodeCache, tokens: jax.Array) -> tuple[jax
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens"))
-def _generate(graphdef, state, prompt_ids, start, key, temperature, top_k, top_p, eos_id, fill_id, *,
-              max_new_tokens: int):
+def _generate(
+    graphdef, state, prompt_ids, start, key, temperature, top_k, top_p, eos_id, fill_id, *, max_new_tokens: int
+):
     """prompt_ids [B, P] → new tokens [B, max_new_tokens] (see `generate`)."""
     model = nnx.merge(graphdef, state)
     b, p = prompt_ids.shape
@@ -151,9 +159,18 @@ def _generate(graphdef, state, prompt_ids, start, key, temperature, top_k, top_p
     return jax.lax.while_loop(cond, body, carry)[3]
 
 
-def generate(model: Zaya, prompt_ids, max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int = 0, prompt_lengths=None, pad_id: int | None = None,
-             eos_id: int | None = None) -> jax.Array:
+def generate(
+    model: Zaya,
+    prompt_ids,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    prompt_lengths=None,
+    pad_id: int | None = None,
+    eos_id: int | None = None,
+) -> jax.Array:
     """Generate `max_new_tokens` tokens after each prompt with the KV/conv cache.
 
     prompt_ids: [B, P] int, left-padded when prompts differ in length; the real tokens of row b are the
@@ -168,8 +185,10 @@ def generate(model: Zaya, prompt_ids, max_new_tokens: int, temperature: float = 
     if prompt.ndim != 2:
         raise ValueError(f"prompt_ids must be [batch, prompt_len], got shape {prompt.shape}")
     if max_new_tokens < 0 or temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
-        raise ValueError(f"need max_new_tokens >= 0, temperature >= 0, top_k >= 0, 0 < top_p <= 1; got "
-                         f"{max_new_tokens}, {temperature}, {top_k}, {top_p}")
+        raise ValueError(
+            f"need max_new_tokens >= 0, temperature >= 0, top_k >= 0, 0 < top_p <= 1; got "
+            f"{max_new_tokens}, {temperature}, {top_k}, {top_p}"
+        )
     if max_new_tokens == 0:
         return jnp.asarray(prompt)
     if prompt.shape[1] == 0:
@@ -178,7 +197,17 @@ def generate(model: Zaya, prompt_ids, max_new_tokens: int, temperature: float = 
     graphdef, state = nnx.split(dropless(model))
     stop = eos_id is not None
     fill = pad_id if pad_id is not None else (eos_id if stop else 0)
-    new = _generate(graphdef, state, jnp.asarray(prompt), jnp.asarray(start), jax.random.PRNGKey(seed),
-                    jnp.float32(temperature), jnp.int32(top_k), jnp.float32(top_p),
-                    jnp.int32(eos_id if stop else -1), jnp.int32(fill), max_new_tokens=int(max_new_tokens))
+    new = _generate(
+        graphdef,
+        state,
+        jnp.asarray(prompt),
+        jnp.asarray(start),
+        jax.random.PRNGKey(seed),
+        jnp.float32(temperature),
+        jnp.int32(top_k),
+        jnp.float32(top_p),
+        jnp.int32(eos_id if stop else -1),
+        jnp.int32(fill),
+        max_new_tokens=int(max_new_tokens),
+    )
     return jnp.concatenate([jnp.asarray(prompt), new], axis=1)

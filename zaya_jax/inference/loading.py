@@ -15,8 +15,9 @@ class LoadError(RuntimeError):
     """The model cannot be loaded; the message says why and what to pass instead."""
 
 
-def load_model(hf: str | None = None, checkpoint: str | None = None, *, dtype: str | None = None,
-               skip_output: str = "zero") -> tuple[ml_collections.ConfigDict, Zaya]:
+def load_model(
+    hf: str | None = None, checkpoint: str | None = None, *, dtype: str | None = None, skip_output: str = "zero"
+) -> tuple[ml_collections.ConfigDict, Zaya]:
     """(config, model) from a `transformers` directory (`zaya_jax.hf.load_pretrained`) or a training
     checkpoint (`zaya_jax.checkpoint.load_model`). Exactly one of `hf` / `checkpoint`.
 
@@ -34,8 +35,10 @@ def load_model(hf: str | None = None, checkpoint: str | None = None, *, dtype: s
         raise LoadError(f"checkpoint loading is not available ({err}); use --hf=DIR") from err
     loader = getattr(module, "load_model", None)
     if loader is None:
-        raise LoadError("checkpoint loading is not available: zaya_jax.checkpoint has no load_model(path) yet; "
-                        "use --hf=DIR (a transformers directory) instead")
+        raise LoadError(
+            "checkpoint loading is not available: zaya_jax.checkpoint has no load_model(path) yet; "
+            "use --hf=DIR (a transformers directory) instead"
+        )
     return loader(os.path.expanduser(checkpoint))
 
 

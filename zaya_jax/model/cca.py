@@ -27,17 +27,20 @@ def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Arra
 
     c_padded: [B, S + halo, C] (halo = zeros for a sequence start, or the previous raw q‖k vectors);
     w1: [k0, C] depthwise taps (tap 0 = oldest); b1: [C]; w2: [k1, G_c, d, d] grouped taps, G_c = C / d;
-    b2: [C]. Returns z: [B, S, C] fp32 (the grouped conv accumulates in fp32). Padding once (not per conv) keeps y_{-1} = b1, as the reference does.
+    b2: [C]. Returns z: [B, S, C] fp32 (the grouped conv accumulates in fp32). Padding once (not per conv)
+    keeps y_{-1} = b1, as the reference does.
     """
     k0, k1 = w1.shape[0], w2.shape[0]
     n_groups, d = w2.shape[1], w2.shape[2]
     dt = c_padded.dtype
     len_y = c_padded.shape[1] - k0 + 1
-    y = layers.lead(b1, 3) + sum(c_padded[:, tau:tau + len_y] * layers.lead(w1[tau], 3) for tau in range(k0))  # [B, S + k1 - 1, C]
+    y = layers.lead(b1, 3) + sum(
+        c_padded[:, tau : tau + len_y] * layers.lead(w1[tau], 3) for tau in range(k0)
+    )  # [B, S + k1 - 1, C]
     seq = len_y - k1 + 1
     b = y.shape[0]
     y = y.reshape(b, -1, n_groups, d).transpose(2, 0, 1, 3)  # [G_c, B, S + k1 - 1, d]: groups lead (batch dim)
-    z = sum(layers.einsum("gbti,gio->gbto", y[:, :, tau:tau + seq], w2[tau], dt) for tau in range(k1))
+    z = sum(layers.einsum("gbti,gio->gbto", y[:, :, tau : tau + seq], w2[tau], dt) for tau in range(k1))
     return z.transpose(1, 2, 0, 3).reshape(b, seq, n_groups * d) + layers.lead(b2.astype(jnp.float32), 3)
 
 
@@ -82,8 +85,9 @@ class CCA(nnx.Module):
         self.wv_del = layers.normal_param(rngs, (h, nkv * d // 2), std, pd, ("embed", "kv_half"))
         self.conv1_w = layers.normal_param(rngs, (m.cca_time0, c), std, pd, ("conv_taps", "qk"))
         self.conv1_b = layers.const_param((c,), 0.0, pd, ("qk",))
-        self.conv2_w = layers.normal_param(rngs, (m.cca_time1, nq + nkv, d, d), std, pd,
-                                            ("conv_taps", "qk_groups", "head_in", "head_out"))
+        self.conv2_w = layers.normal_param(
+            rngs, (m.cca_time1, nq + nkv, d, d), std, pd, ("conv_taps", "qk_groups", "head_in", "head_out")
+        )
         self.conv2_b = layers.const_param((c,), 0.0, pd, ("qk",))
         self.temp = layers.const_param((nkv,), m.temp_init, pd, ("kv_groups",))
         self.wo = layers.normal_param(rngs, (nq * d, h), std, pd, ("q_heads", "embed"))
@@ -107,17 +111,22 @@ class CCA(nnx.Module):
         nq, nkv, d = m.num_q_heads, m.num_kv_heads, m.head_dim
         p = lambda v: v[...].astype(dt)  # noqa: E731
         c = self.packed_qk(x)
-        q0, k0 = c[..., :nq * d], c[..., nq * d:]
+        q0, k0 = c[..., : nq * d], c[..., nq * d :]
         qh, kh = q0.reshape(b, s, nq, d), k0.reshape(b, s, nkv, d)
         qm = (qh + jnp.repeat(kh, nq // nkv, axis=2)) * 0.5
         km = qm.reshape(b, s, nkv, nq // nkv, d).mean(axis=3)
         halo = conv_halo_len(m.cca_time0, m.cca_time1)
         if qk_halo is None:
             qk_halo = jnp.zeros((b, halo, c.shape[-1]), c.dtype)
-        z = causal_convs(jnp.concatenate([qk_halo.astype(c.dtype), c], axis=1),
-                         p(self.conv1_w), p(self.conv1_b), p(self.conv2_w), p(self.conv2_b))
-        q = z[..., :nq * d].reshape(b, s, nq, d) + qm
-        k = z[..., nq * d:].reshape(b, s, nkv, d) + km
+        z = causal_convs(
+            jnp.concatenate([qk_halo.astype(c.dtype), c], axis=1),
+            p(self.conv1_w),
+            p(self.conv1_b),
+            p(self.conv2_w),
+            p(self.conv2_b),
+        )
+        q = z[..., : nq * d].reshape(b, s, nq, d) + qm
+        k = z[..., nq * d :].reshape(b, s, nkv, d) + km
         if x_prev is None:
             x_prev = jnp.zeros((b, 1, x.shape[-1]), x.dtype)
         x_shift = jnp.concatenate([x_prev.astype(x.dtype), x[:, :-1]], axis=1)

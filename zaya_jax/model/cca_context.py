@@ -1,4 +1,5 @@
-"""Context parallelism (CP) for CCA: the sequence is split over the `context` mesh axis (arXiv 2511.17127 §2; docs/parallelism.md).
+"""Context parallelism (CP) for CCA: the sequence is split over the `context` mesh axis
+(arXiv 2511.17127 §2; docs/parallelism.md).
 
 Shapes: B batch, S sequence, n = size of the `context` axis, S_l = S / n local tokens, H hidden,
 C = (n_q + n_kv)·d packed conv channels, halo = `conv_halo_len` (2 for ZAYA1).
@@ -40,6 +41,8 @@ from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, in_manual_region
 
 AXIS = "context"
+
+
 def chunks_per_device(layout: str) -> int:
     """Sequence chunks each device holds: 1 (contiguous) or 2 (zigzag)."""
     if layout not in CONTEXT_CHUNKS:
@@ -111,8 +114,11 @@ def _move_chunks(x: jax.Array, src: str, dst: str) -> jax.Array:
     out = [jnp.zeros_like(slots[0]), jnp.zeros_like(slots[1])]
     for s in (0, 1):
         for t in (0, 1):
-            perm = [(home[src](j)[0], home[dst](j)[0]) for j in range(2 * n)
-                    if home[src](j)[1] == s and home[dst](j)[1] == t]
+            perm = [
+                (home[src](j)[0], home[dst](j)[0])
+                for j in range(2 * n)
+                if home[src](j)[1] == s and home[dst](j)[1] == t
+            ]
             if perm:
                 out[t] = out[t] + jax.lax.ppermute(slots[s], AXIS, perm)
     return jnp.concatenate(out, axis=1)
@@ -219,7 +225,7 @@ def _local_cca(state, x: jax.Array, positions: jax.Array, *, graphdef, layout: s
     per = chunks_per_device(layout)
     b, s_local, _ = x.shape
     c = s_local // per
-    chunks = [x[:, i * c:(i + 1) * c] for i in range(per)]
+    chunks = [x[:, i * c : (i + 1) * c] for i in range(per)]
     halos = _halos(attn, chunks, layout, halo)
     # one projection for all local chunks: stack them along the batch
     q, k, v, _ = attn.project(jnp.concatenate(chunks, 0), *(jnp.concatenate(h, 0) for h in zip(*halos)))
@@ -248,8 +254,7 @@ def cca_forward(attn: CCA, x: jax.Array, positions: jax.Array, layout: str) -> j
     if in_manual_region():
         return body(state, x, positions)
     mesh = jax.sharding.get_abstract_mesh()
-    fn = jax.shard_map(body, mesh=mesh, in_specs=(P(), _seq_spec(x), _seq_spec(positions)),
-                       out_specs=_seq_spec(x))
+    fn = jax.shard_map(body, mesh=mesh, in_specs=(P(), _seq_spec(x), _seq_spec(positions)), out_specs=_seq_spec(x))
     out = fn(state, x, positions)
     chex.assert_shape(out, x.shape)
     return out

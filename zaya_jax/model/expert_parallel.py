@@ -21,8 +21,7 @@ from functools import partial
 import jax
 from jax.sharding import PartitionSpec as P
 
-from zaya_jax.model.experts import (DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
-                                    unpack_slots)
+from zaya_jax.model.experts import DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu, unpack_slots
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, active_mesh, in_manual_region
 
@@ -53,14 +52,21 @@ def ep_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
         return body(x, choice, gate, w_in, w_out)
     mesh = active_mesh()
     if mesh is None:
-        raise ValueError("model.dispatch='ep' needs an active device mesh with an 'expert' axis: build it with "
-                         "zaya_jax.parallel.mesh.make_mesh and run under `with jax.set_mesh(mesh):`")
+        raise ValueError(
+            "model.dispatch='ep' needs an active device mesh with an 'expert' axis: build it with "
+            "zaya_jax.parallel.mesh.make_mesh and run under `with jax.set_mesh(mesh):`"
+        )
 
     def summed(*args):
         out, dropped = body(*args)
         return out, jax.lax.psum(dropped, AXES)
 
     tokens = sharding.token_spec()
-    out, dropped = jax.shard_map(summed, mesh=mesh, in_specs=(tokens, tokens, tokens, P("expert"), P("expert")),
-                                 out_specs=(tokens, P()), check_vma=False)(x, choice, gate, w_in, w_out)
+    out, dropped = jax.shard_map(
+        summed,
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, P("expert"), P("expert")),
+        out_specs=(tokens, P()),
+        check_vma=False,
+    )(x, choice, gate, w_in, w_out)
     return DispatchResult(out, dropped)

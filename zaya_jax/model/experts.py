@@ -64,8 +64,9 @@ def capacity_slots(choice: jax.Array, num_experts: int, cap: int) -> CapacitySlo
     pos = slot_positions(choice, num_experts)
     is_expert = choice < num_experts
     keep = is_expert & (pos < cap)
-    return CapacitySlots(jnp.where(keep, choice * cap + pos, num_experts * cap),
-                         jnp.sum(is_expert & ~keep).astype(jnp.int32))
+    return CapacitySlots(
+        jnp.where(keep, choice * cap + pos, num_experts * cap), jnp.sum(is_expert & ~keep).astype(jnp.int32)
+    )
 
 
 def pack_slots(x: jax.Array, slots: CapacitySlots, rows: int) -> jax.Array:

@@ -1,4 +1,5 @@
-"""Analytic training FLOPs (arXiv 2511.17127; docs/architecture.md §10): 6·(active non-embedding + tied head) per token plus
+"""Analytic training FLOPs (arXiv 2511.17127; docs/architecture.md §10): 6·(active non-embedding + tied head)
+per token plus
 causal attention 6·L·n_q·d·S per token (QK and AV, forward + backward, half the square)."""
 
 from __future__ import annotations

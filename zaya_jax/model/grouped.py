@@ -53,6 +53,7 @@ def _forward(xs, starts, sizes, w_in, w_out):
     def expert(e, carry):
         wi, wo, start, n = w_in[e], w_out[e], starts[e], sizes[e]
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
+
             def chunk(j, c, size=size, offset=offset):
                 ys, gu_all = c
                 row = offset + j * size
@@ -63,6 +64,7 @@ def _forward(xs, starts, sizes, w_in, w_out):
                 valid = (row + jnp.arange(size) < n)[:, None]
                 ys = jax.lax.dynamic_update_slice(ys, jnp.where(valid, y, 0).astype(ys.dtype), (start + row, 0))
                 return ys, jax.lax.dynamic_update_slice(gu_all, gu.astype(gu_all.dtype), (start + row, 0))
+
             carry = jax.lax.fori_loop(0, count, chunk, carry)
         return carry
 
@@ -70,8 +72,7 @@ def _forward(xs, starts, sizes, w_in, w_out):
 
 
 @jax.custom_vjp
-def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax.Array, w_out: jax.Array
-                   ) -> jax.Array:
+def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
     """Per-expert SwiGLU on an expert-sorted buffer.
 
     xs: [Tp, H] rows sorted by expert, with at least SMALL zero rows of padding after the last group;
@@ -95,6 +96,7 @@ def _bwd(res, dys):
         wi, wo, start, n = per_expert
         acc = (dxs, jnp.zeros(wi.shape, jnp.float32), jnp.zeros(wo.shape, jnp.float32))
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
+
             def chunk(j, c, size=size, offset=offset):
                 dxs, acc_in, acc_out = c
                 row = offset + j * size
@@ -111,6 +113,7 @@ def _bwd(res, dys):
                 acc_in = acc_in + _mm(x.T, dgu, dt)
                 dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi.T, dt).astype(dxs.dtype), at)
                 return dxs, acc_in, acc_out
+
             acc = jax.lax.fori_loop(0, count, chunk, acc)
         dxs, acc_in, acc_out = acc
         return dxs, (acc_in.astype(wi.dtype), acc_out.astype(wo.dtype))
@@ -122,8 +125,7 @@ def _bwd(res, dys):
 grouped_swiglu.defvjp(_fwd, _bwd)
 
 
-def grouped_local(x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Array, w_out: jax.Array
-                  ) -> jax.Array:
+def grouped_local(x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
     """x [T, H], choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] fp32 (0 for skip tokens)."""
     t, h = x.shape
     num_experts = w_in.shape[0]

@@ -162,6 +162,6 @@ def apply_partial_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Arra
     x: [B, S, N, d]; cos/sin: [B or 1, S, r/2] → [B, S, N, d] (same dtype as x).
     """
     half = cos.shape[-1]
-    u1, u2, rest = x[..., :half], x[..., half:2 * half], x[..., 2 * half:]
+    u1, u2, rest = x[..., :half], x[..., half : 2 * half], x[..., 2 * half :]
     c, s = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
     return jnp.concatenate([u1 * c - u2 * s, u2 * c + u1 * s, rest], axis=-1)

@@ -32,8 +32,16 @@ from flax import nnx
 from zaya_jax.config import CONCRETE_DISPATCHES, choice_table
 from zaya_jax.model import layers
 from zaya_jax.model.expert_parallel import ep_dispatch
-from zaya_jax.model.experts import (Dispatch, DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu,
-                                    unpack_slots)
+from zaya_jax.model.experts import (
+    Dispatch,
+    DispatchResult,
+    capacity,
+    capacity_slots,
+    gated,
+    pack_slots,
+    swiglu,
+    unpack_slots,
+)
 from zaya_jax.model.grouped import grouped_local
 from zaya_jax.model.router import Router
 from zaya_jax.parallel import sharding
@@ -58,8 +66,9 @@ def ragged_local(x, choice, gate, w_in, w_out) -> jax.Array:
     sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
     gate_up = jax.lax.ragged_dot(x[order], w_in.astype(dt), sizes, preferred_element_type=jnp.float32)
     g_, up = jnp.split(gate_up, 2, axis=-1)
-    ys = jax.lax.ragged_dot((jax.nn.silu(g_) * up).astype(dt), w_out.astype(dt), sizes,
-                           preferred_element_type=jnp.float32)
+    ys = jax.lax.ragged_dot(
+        (jax.nn.silu(g_) * up).astype(dt), w_out.astype(dt), sizes, preferred_element_type=jnp.float32
+    )
     valid = jnp.arange(x.shape[0]) < jnp.sum(sizes)  # rows past the groups (skip tokens) are unspecified
     ys = jnp.where(valid[:, None], ys, 0.0)
     return gated(jnp.zeros_like(ys).at[order].set(ys), choice, gate, num_experts)
@@ -82,15 +91,18 @@ def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
     directly without a mesh, on one device, or inside a manual `shard_map` (the ZeRO-1 step); under a
     GSPMD mesh wrapped in a `shard_map` over the token axes.
     """
+
     def dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
         mesh = active_mesh()
         if mesh is None or mesh.size == 1 or in_manual_region():  # 1 device: no shard_map (its transpose
-            out = local_fn(x, choice, gate, w_in, w_out)           # would add an all-reduce)
+            out = local_fn(x, choice, gate, w_in, w_out)  # would add an all-reduce)
         else:
             tokens, none = sharding.token_spec(), jax.sharding.PartitionSpec()
-            out = jax.shard_map(local_fn, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none),
-                                out_specs=tokens, check_vma=False)(x, choice, gate, w_in, w_out)
+            out = jax.shard_map(
+                local_fn, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none), out_specs=tokens, check_vma=False
+            )(x, choice, gate, w_in, w_out)
         return DispatchResult(out, jnp.zeros((), jnp.int32))
+
     return dispatch
 
 
@@ -111,9 +123,16 @@ def resolve_dispatch(name: str) -> str:
     return "grouped" if jax.default_backend() == "cpu" else "ragged"
 
 
-DISPATCH_TABLE = choice_table(CONCRETE_DISPATCHES, {"dense": dense_dispatch, "ragged": ragged_dispatch,
-                                                     "capacity": capacity_dispatch, "grouped": grouped_dispatch,
-                                                     "ep": ep_dispatch})
+DISPATCH_TABLE = choice_table(
+    CONCRETE_DISPATCHES,
+    {
+        "dense": dense_dispatch,
+        "ragged": ragged_dispatch,
+        "capacity": capacity_dispatch,
+        "grouped": grouped_dispatch,
+        "ep": ep_dispatch,
+    },
+)
 
 
 def get_dispatch(name: str) -> Dispatch:
@@ -145,8 +164,9 @@ class MoE(nnx.Module):
         routing = self.router(x, state_prev)
         b, s, h = x.shape
         flat_x, choice, gate = (sharding.flatten_tokens(a) for a in (x, routing.choice, routing.gate))
-        result = get_dispatch(m.dispatch)(flat_x, choice, gate, self.w_in[...].astype(dt),
-                                          self.w_out[...].astype(dt), m)
+        result = get_dispatch(m.dispatch)(
+            flat_x, choice, gate, self.w_in[...].astype(dt), self.w_out[...].astype(dt), m
+        )
         out = result.out  # fp32
         if m.skip_output == "scaled_input":
             is_skip = (choice == m.num_experts)[:, None]

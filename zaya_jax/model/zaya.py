@@ -16,24 +16,29 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from zaya_jax.config import REMAT_POLICIES as REMAT_NAMES, choice_table
-from zaya_jax.model import layers
+from zaya_jax.config import REMAT_POLICIES as REMAT_NAMES
+from zaya_jax.config import choice_table
+from zaya_jax.model import cca_context, layers
 from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.moe import MoE, MoEStats
-from zaya_jax.model import cca_context
 from zaya_jax.parallel.mesh import in_manual_region
 
 STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
-REMAT_POLICIES = choice_table(REMAT_NAMES, {  # `layers.einsum` matmuls are saved by checkpoint name
-    "none": None,  # no jax.checkpoint at all
-    "full": None,
-    "dots": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.checkpoint_dots,
-        jax.checkpoint_policies.save_only_these_names(layers.MATMUL, layers.BATCHED_MATMUL)),
-    "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
-        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-        jax.checkpoint_policies.save_only_these_names(layers.MATMUL)),
-})
+REMAT_POLICIES = choice_table(
+    REMAT_NAMES,
+    {  # `layers.einsum` matmuls are saved by checkpoint name
+        "none": None,  # no jax.checkpoint at all
+        "full": None,
+        "dots": jax.checkpoint_policies.save_from_both_policies(
+            jax.checkpoint_policies.checkpoint_dots,
+            jax.checkpoint_policies.save_only_these_names(layers.MATMUL, layers.BATCHED_MATMUL),
+        ),
+        "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
+            jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            jax.checkpoint_policies.save_only_these_names(layers.MATMUL),
+        ),
+    },
+)
 
 
 def cca_halo(m: ml_collections.ConfigDict) -> int:
@@ -52,8 +57,7 @@ class DecoderLayer(nnx.Module):
         self.moe = MoE(m, rngs=rngs)
         self.moe_merge = layers.Merge(m.hidden_size, param_dtype=pd)
 
-    def __call__(self, r: jax.Array, router_state: jax.Array, positions: jax.Array,
-                 context_layout: str | None = None):
+    def __call__(self, r: jax.Array, router_state: jax.Array, positions: jax.Array, context_layout: str | None = None):
         """r: [B, S, H] fp32 residual, router_state: [B, S, R] fp32 → (r, router_state, MoEStats).
 
         context_layout: None → CCA over the whole (GSPMD-sharded) sequence; "contiguous" / "zigzag" →
@@ -71,14 +75,15 @@ class DecoderLayer(nnx.Module):
 
 def layer_function(graphdef, positions: jax.Array, layout: str | None):
     """`f(layer_state, r, a) -> ((r, a), MoEStats)`: one decoder layer (§2) as a pure function of its variables."""
+
     def f(layer_state, r, a):
         r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions, layout)
         return (r, a), stats
+
     return f
 
 
-def scan_layers(graphdef, stacked, r: jax.Array, a: jax.Array, positions: jax.Array, layout: str | None,
-                remat: str):
+def scan_layers(graphdef, stacked, r: jax.Array, a: jax.Array, positions: jax.Array, layout: str | None, remat: str):
     """The decoder stack as a `lax.scan` over the stacked layer variables (compile time flat in depth), with the
     `remat` policy. r: [B, S, H] fp32, a: [B, S, R] fp32 → (r, MoEStats stacked over layers)."""
     layer = layer_function(graphdef, positions, layout)
@@ -123,8 +128,9 @@ class Zaya(nnx.Module):
         m = frozen(m)
         pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
         self.cfg = m
-        self.embed = layers.normal_param(rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd,
-                                        ("vocab", "embed"))
+        self.embed = layers.normal_param(
+            rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd, ("vocab", "embed")
+        )
         self.in_scale = layers.const_param((m.hidden_size,), 1.0, pd, ("embed",))
         self.in_bias = layers.const_param((m.hidden_size,), 0.0, pd, ("embed",))
         self.layers = _stacked_layers(m, rngs)
@@ -134,11 +140,17 @@ class Zaya(nnx.Module):
         """Token embedding plus the input bias, times the input scale: [B, S] ids → fp32 residual [B, S, H]."""
         # gather from an fp32 view: the backward scatter-adds token cotangents in fp32, not in the compute dtype
         e = jnp.take(self.embed[...].astype(jnp.float32), input_ids, axis=0)
-        return ((e + layers.lead(self.in_bias[...].astype(jnp.float32), e.ndim))
-                * layers.lead(self.in_scale[...].astype(jnp.float32), e.ndim))
+        return (e + layers.lead(self.in_bias[...].astype(jnp.float32), e.ndim)) * layers.lead(
+            self.in_scale[...].astype(jnp.float32), e.ndim
+        )
 
-    def hidden_states(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                      context_layout: str = "contiguous", run_layers: "LayerRunner | None" = None):
+    def hidden_states(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array | None = None,
+        context_layout: str = "contiguous",
+        run_layers: "LayerRunner | None" = None,
+    ):
         """input_ids: [B, S] int → (final normed hidden [B, S, H] in compute dtype, MoEStats).
 
         Under an active mesh with a `context` axis > 1, CCA runs context-parallel in `context_layout`
@@ -172,8 +184,9 @@ class Zaya(nnx.Module):
         """Tied head: h [..., H] → fp32 logits [..., V] (compute-dtype operands, fp32 accumulation)."""
         return layers.mm(h, self.embed[...].T, layers.dtype_of(self.cfg.dtype))
 
-    def forward(self, input_ids: jax.Array, positions: jax.Array | None = None,
-                context_layout: str = "contiguous") -> ForwardOutput:
+    def forward(
+        self, input_ids: jax.Array, positions: jax.Array | None = None, context_layout: str = "contiguous"
+    ) -> ForwardOutput:
         h, stats = self.hidden_states(input_ids, positions, context_layout)
         return ForwardOutput(self.logits(h), stats)
 

@@ -37,8 +37,10 @@ def parse_mesh_spec(text: str) -> dict[str, int]:
     for part in filter(None, (p.strip() for p in str(text).split(","))):
         name, sep, value = part.partition(":")
         if not sep or name.strip() not in AXES or not value.strip().lstrip("-").isdigit():
-            raise ConfigError(f"mesh {text!r}: {part!r} is not axis:size; use comma-separated axis:size with axes "
-                              f"{', '.join(AXES)}, e.g. data:4,expert:2")
+            raise ConfigError(
+                f"mesh {text!r}: {part!r} is not axis:size; use comma-separated axis:size with axes "
+                f"{', '.join(AXES)}, e.g. data:4,expert:2"
+            )
         sizes[name.strip()] = int(value)
     return sizes
 
@@ -52,12 +54,16 @@ def resolve_mesh_shape(mesh_cfg: ml_collections.ConfigDict, num_devices: int) ->
     fixed = math.prod(size for size in sizes.values() if size != -1)
     if fill:
         if num_devices % fixed:
-            raise ConfigError(f"mesh {sizes} does not fit {num_devices} devices: {num_devices} is not divisible by "
-                              f"the fixed axes' product {fixed}; change mesh.* so the sizes multiply to {num_devices}")
+            raise ConfigError(
+                f"mesh {sizes} does not fit {num_devices} devices: {num_devices} is not divisible by "
+                f"the fixed axes' product {fixed}; change mesh.* so the sizes multiply to {num_devices}"
+            )
         sizes[fill[0]] = num_devices // fixed
     if math.prod(sizes.values()) != num_devices:
-        raise ConfigError(f"mesh {sizes} does not fit {num_devices} devices: it uses {math.prod(sizes.values())}; "
-                          "set one axis to -1 or make the sizes multiply to the device count")
+        raise ConfigError(
+            f"mesh {sizes} does not fit {num_devices} devices: it uses {math.prod(sizes.values())}; "
+            "set one axis to -1 or make the sizes multiply to the device count"
+        )
     return sizes
 
 
@@ -67,8 +73,10 @@ def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) ->
     sizes = resolve_mesh_shape(config.mesh, len(devices))
     num_experts = config.model.num_experts
     if num_experts % sizes["expert"]:
-        raise ConfigError(f"model.num_experts={num_experts} is not divisible by mesh.expert={sizes['expert']}; "
-                          "choose an expert axis size that divides the expert count")
+        raise ConfigError(
+            f"model.num_experts={num_experts} is not divisible by mesh.expert={sizes['expert']}; "
+            "choose an expert axis size that divides the expert count"
+        )
     shape = tuple(sizes[name] for name in AXES)
     axis_types = (AxisType.Auto,) * len(AXES)
     if len({d.process_index for d in devices}) > 1:
@@ -90,12 +98,15 @@ def hybrid_device_grid(sizes: dict[str, int], devices: list):
     per_node = len(devices) // nodes
     inner = sizes["context"] * sizes["expert"]
     if sizes["data"] % nodes or inner * (sizes["data"] // nodes) != per_node:
-        raise ConfigError(f"mesh {sizes} over {nodes} nodes of {per_node} devices: only mesh.data spans nodes "
-                          f"(context and expert stay inside a node), so mesh.data must be a multiple of {nodes} and "
-                          f"context x expert ({inner}) must divide the {per_node} devices of a node")
+        raise ConfigError(
+            f"mesh {sizes} over {nodes} nodes of {per_node} devices: only mesh.data spans nodes "
+            f"(context and expert stay inside a node), so mesh.data must be a multiple of {nodes} and "
+            f"context x expert ({inner}) must divide the {per_node} devices of a node"
+        )
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
-    return mesh_utils.create_hybrid_device_mesh((sizes["data"] // nodes, sizes["context"], sizes["expert"]),
-                                                (nodes, 1, 1), ordered, process_is_granule=True)
+    return mesh_utils.create_hybrid_device_mesh(
+        (sizes["data"] // nodes, sizes["context"], sizes["expert"]), (nodes, 1, 1), ordered, process_is_granule=True
+    )
 
 
 def axis_size(mesh: Mesh, *names: str) -> int:

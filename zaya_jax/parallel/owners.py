@@ -54,7 +54,7 @@ class Segment:
 def ns_flops(rows: int, cols: int, steps: int) -> float:
     """Newton–Schulz FLOPs of one [rows, cols] matrix: per iteration X·Xᵀ (2m²n), A·A (2m³), B·X (2m²n)."""
     m, n = min(rows, cols), max(rows, cols)
-    return float(steps * (4 * m * m * n + 2 * m ** 3))
+    return float(steps * (4 * m * m * n + 2 * m**3))
 
 
 def _pack_bins(matrices: list[Matrix], capacity: int) -> list[tuple[Segment, ...]]:
@@ -122,14 +122,14 @@ class SlotLayout:
         """[n, s] int32 type of every slot (EMPTY for padding); device d's slots are row d."""
         per_layer = np.asarray(self.bin_types, np.int32)
         types = np.full(self.rows, EMPTY, np.int32)
-        types[:self.num_bins] = np.tile(per_layer, self.num_layers)
+        types[: self.num_bins] = np.tile(per_layer, self.num_layers)
         return types.reshape(self.devices, self.slots)
 
     def ns_flops_per_device(self, steps: int) -> np.ndarray:
         """[n] Newton–Schulz FLOPs each device runs per optimizer step (its owned matrices)."""
         cost = [sum(ns_flops(s.matrix.rows, s.matrix.cols, steps) for s in b) for b in self.bins]
         per_row = np.zeros(self.rows)
-        per_row[:self.num_bins] = np.tile(cost, self.num_layers)
+        per_row[: self.num_bins] = np.tile(cost, self.num_layers)
         return per_row.reshape(self.devices, self.slots).sum(axis=1)
 
     def padding_fraction(self) -> float:
@@ -169,11 +169,17 @@ def describe(slots: SlotLayout, flat: FlatLayout, steps: int) -> dict:
     """Numbers for logs and the planner: slots per device, padding, NS balance (max / mean per device)."""
     load = slots.ns_flops_per_device(steps) if slots.num_bins else np.zeros(1)
     mean = float(load.mean()) if load.size else 0.0
-    return {"devices": slots.devices, "bins_per_layer": slots.bins_per_layer, "slots_per_device": slots.slots,
-            "bin_types": len(slots.types), "slot_padding": slots.padding_fraction(),
-            "ns_max_over_mean": float(load.max()) / mean if mean else 1.0,
-            "flat_elements": flat.size, "flat_chunk": flat.chunk,
-            "flat_padding": 1.0 - flat.size / max(flat.padded, 1)}
+    return {
+        "devices": slots.devices,
+        "bins_per_layer": slots.bins_per_layer,
+        "slots_per_device": slots.slots,
+        "bin_types": len(slots.types),
+        "slot_padding": slots.padding_fraction(),
+        "ns_max_over_mean": float(load.max()) / mean if mean else 1.0,
+        "flat_elements": flat.size,
+        "flat_chunk": flat.chunk,
+        "flat_padding": 1.0 - flat.size / max(flat.padded, 1),
+    }
 
 
 def group_devices(sizes: dict[str, int], axes: tuple[str, ...]) -> int:

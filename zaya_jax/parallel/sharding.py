@@ -21,16 +21,35 @@ from typing import Any
 
 import jax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from zaya_jax.config import PARAM_SHARDINGS
 from zaya_jax.keys import path_name
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, active_mesh, in_manual_region
 
-LOGICAL_AXES = frozenset({
-    "layers", "vocab", "embed", "q_heads", "kv_heads", "kv_half", "kv_groups", "conv_taps", "qk", "qk_groups",
-    "head_in", "head_out", "router", "router_out", "classes", "experts", "mlp", "mlp_gate_up",
-})
+LOGICAL_AXES = frozenset(
+    {
+        "layers",
+        "vocab",
+        "embed",
+        "q_heads",
+        "kv_heads",
+        "kv_half",
+        "kv_groups",
+        "conv_taps",
+        "qk",
+        "qk_groups",
+        "head_in",
+        "head_out",
+        "router",
+        "router_out",
+        "classes",
+        "experts",
+        "mlp",
+        "mlp_gate_up",
+    }
+)
 RULES: dict[str, dict[str, tuple[str, ...]]] = {
     "param": {"experts": ("expert",)},
     "fsdp": {"experts": ("expert",), "embed": ("data",)},
@@ -43,12 +62,16 @@ def logical_axes(var: nnx.Variable, where: str = "") -> tuple[str | None, ...]:
     """The logical axis names a parameter was created with; an unnamed or unknown axis is an error."""
     names = var.get_metadata().get("out_sharding")
     if names is None or len(names) != len(getattr(var.get_value(), "shape", ())):
-        raise ValueError(f"parameter {where or var!r} has no logical axis names for its shape; create it with "
-                         "zaya_jax.model.layers.param(value, axes)")
+        raise ValueError(
+            f"parameter {where or var!r} has no logical axis names for its shape; create it with "
+            "zaya_jax.model.layers.param(value, axes)"
+        )
     unknown = [n for n in names if n is not None and n not in LOGICAL_AXES]
     if unknown:
-        raise ValueError(f"parameter {where}: unknown logical axes {unknown}; add them to "
-                         "zaya_jax.parallel.sharding.LOGICAL_AXES (and a rule if they should be split)")
+        raise ValueError(
+            f"parameter {where}: unknown logical axes {unknown}; add them to "
+            "zaya_jax.parallel.sharding.LOGICAL_AXES (and a rule if they should be split)"
+        )
     return tuple(names)
 
 
@@ -73,8 +96,9 @@ def spread_spec(spec: P, shape: tuple[int, ...], mesh: Mesh) -> P:
     dimensions first, then the matrix dimensions larger first (per-parameter optimizer state, ZeRO-style)."""
     entries = list(spec) + [None] * (len(shape) - len(spec))
     used = {a for e in entries if e for a in (e if isinstance(e, tuple) else (e,))}
-    order = list(range(max(0, len(shape) - 2))) + sorted(range(max(0, len(shape) - 2), len(shape)),
-                                                         key=lambda d: -shape[d])
+    order = list(range(max(0, len(shape) - 2))) + sorted(
+        range(max(0, len(shape) - 2), len(shape)), key=lambda d: -shape[d]
+    )
     for axis in AXES:
         if axis in used or mesh.shape[axis] == 1:
             continue

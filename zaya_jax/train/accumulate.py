@@ -60,26 +60,38 @@ def _add_layer(setup: Zero1Setup, sinks: Sinks, grads: dict[str, jax.Array], lay
             old = jax.lax.dynamic_slice(buf, (layer * per, 0), (per, size))
             buf = jax.lax.dynamic_update_slice(buf, old + rows, (layer * per, 0))
         slots.append(buf)
-        small.append({n: jax.lax.dynamic_update_index_in_dim(
-            acc[n], jax.lax.dynamic_index_in_dim(acc[n], layer, keepdims=False) + grads[n].astype(jnp.float32),
-            layer, 0) for n in names})
+        small.append(
+            {
+                n: jax.lax.dynamic_update_index_in_dim(
+                    acc[n],
+                    jax.lax.dynamic_index_in_dim(acc[n], layer, keepdims=False) + grads[n].astype(jnp.float32),
+                    layer,
+                    0,
+                )
+                for n in names
+            }
+        )
     return Sinks(tuple(slots), tuple(small))
 
 
 def accumulating_layers(setup: Zero1Setup, sinks: Sinks):
     """A `LayerRunner` for `Zaya.hidden_states` that runs the stack like `scan_layers(remat="full")` and whose
     backward pass adds the parameter gradients into `sinks` (differentiate with respect to `sinks`)."""
+
     def run(graphdef, stacked, r, a, positions, layout, remat):
         layers_graph, params, rest = nnx.split(nnx.merge(graphdef, stacked), nnx.Param, BalancingBias)
         return _stack(layers_graph, layout, setup, params, rest, sinks, r, a, positions)
+
     return run
 
 
 def _layer(graphdef, layout, positions):
     """One decoder layer as f(params, rest, r, a) -> ((r, a), MoEStats) of its variables."""
+
     def f(params, rest, r, a):
         r, a, stats = nnx.merge(graphdef, params, rest)(r, a, positions, layout)
         return (r, a), stats
+
     return f
 
 

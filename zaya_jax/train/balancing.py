@@ -65,16 +65,28 @@ def init_balancing(bias0: jax.Array) -> BalancingState:
 
 def sign_rule(cfg: ml_collections.ConfigDict, gamma: float = 1e-3) -> ml_collections.ConfigDict:
     """`cfg` (a `config.balancing`) set to DeepSeek-V3's rule β ← β + γ·sign(t − f), skip slot frozen."""
-    cfg.update(dict(error_shape="sign", normalize_by_target=False, kp=0.0, ki=gamma, ki_max=gamma,
-                    gain_units="probability", integral_clip=0.0, recenter=False, skip_controlled=False))
+    cfg.update(
+        dict(
+            error_shape="sign",
+            normalize_by_target=False,
+            kp=0.0,
+            ki=gamma,
+            ki_max=gamma,
+            gain_units="probability",
+            integral_clip=0.0,
+            recenter=False,
+            skip_controlled=False,
+        )
+    )
     return cfg
 
 
 def targets(num_classes: int, target_skip: float) -> jax.Array:
     """t [E+1]: (1 − t_skip)/E for the E experts, t_skip for the skip slot."""
     e = num_classes - 1
-    return jnp.concatenate([jnp.full((e,), (1.0 - target_skip) / e, jnp.float32),
-                            jnp.full((1,), target_skip, jnp.float32)])
+    return jnp.concatenate(
+        [jnp.full((e,), (1.0 - target_skip) / e, jnp.float32), jnp.full((1,), target_skip, jnp.float32)]
+    )
 
 
 def loads(counts: jax.Array) -> jax.Array:
@@ -84,13 +96,17 @@ def loads(counts: jax.Array) -> jax.Array:
     return jnp.where(n > 0, c / jnp.maximum(n, 1.0), 0.0)
 
 
-_ERROR_SHAPES = choice_table(ERROR_SHAPES, {  # φ(ε, cfg)
-    "identity": lambda e, cfg: e,
-    "sign": lambda e, cfg: jnp.sign(e),
-    "tanh": lambda e, cfg: jnp.tanh(e / cfg.tanh_tau),
-})
-_GAIN_UNITS = choice_table(GAIN_UNITS, {"logit": lambda num_classes: 1.0 / num_classes,
-                                        "probability": lambda num_classes: 1.0})
+_ERROR_SHAPES = choice_table(
+    ERROR_SHAPES,
+    {  # φ(ε, cfg)
+        "identity": lambda e, cfg: e,
+        "sign": lambda e, cfg: jnp.sign(e),
+        "tanh": lambda e, cfg: jnp.tanh(e / cfg.tanh_tau),
+    },
+)
+_GAIN_UNITS = choice_table(
+    GAIN_UNITS, {"logit": lambda num_classes: 1.0 / num_classes, "probability": lambda num_classes: 1.0}
+)
 
 
 def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) -> jax.Array:
@@ -153,8 +169,9 @@ def gain_factor(state: BalancingState, shaped: jax.Array, cfg: ml_collections.Co
     return jnp.clip(g_prev * factor, 1.0, cfg.ki_max / cfg.ki if cfg.ki > 0 else 1.0)
 
 
-def update_biases(state: BalancingState, counts: jax.Array, cfg: ml_collections.ConfigDict
-                  ) -> tuple[jax.Array, BalancingState, dict[str, jax.Array]]:
+def update_biases(
+    state: BalancingState, counts: jax.Array, cfg: ml_collections.ConfigDict
+) -> tuple[jax.Array, BalancingState, dict[str, jax.Array]]:
     """One controller step. counts: [L, E+1] int global choice counts of this step.
 
     Returns (new β [L, E+1] fp32, new state, metrics). With `cfg.enabled=False` β = β⁰ and the state

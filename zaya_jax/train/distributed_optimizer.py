@@ -33,8 +33,10 @@ from zaya_jax.train.zero1 import Group, GroupState
 
 def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
     """[n·s, S], [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what this device owns."""
+
     def rs(x):
         return jax.lax.psum_scatter(x, group.axes, scatter_dimension=0, tiled=True) if x.size else x
+
     return rs(slots), rs(flat)
 
 
@@ -53,6 +55,7 @@ def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[
             x = jax.lax.bitcast_convert_type(x, bits)
         y = jax.lax.all_gather(x, group.axes, axis=0, tiled=True)
         return jax.lax.bitcast_convert_type(y, dtype) if bits is not None else y
+
     return ag(slots), ag(flat)
 
 
@@ -62,29 +65,39 @@ def group_index(group: Group) -> jax.Array:
 
 
 def _bias_correction(moment: jax.Array, decay: float, count: jax.Array) -> jax.Array:
-    return moment / (1 - decay ** count).astype(moment.dtype)
+    return moment / (1 - decay**count).astype(moment.dtype)
 
 
 def _slot_branches(slots: SlotLayout, o: ml_collections.ConfigDict, dtype) -> list[Callable]:
     """One update program per slot type (+ one for empty slots): [S] momentum → [S] scaled Muon direction."""
+
     def branch(kind: tuple) -> Callable:
         def direction(m: jax.Array) -> jax.Array:
             parts, end = [], 0
             for rows, cols, offset in kind:
-                x = m[offset:offset + rows * cols].reshape(rows, cols)
+                x = m[offset : offset + rows * cols].reshape(rows, cols)
                 u = optimizer_lib.orthogonalize(x, ns_steps=int(o.muon_ns_steps), dtype=dtype)
                 scale = optimizer_lib.shape_scale(rows, cols, float(o.muon_consistent_rms))
                 parts.append((u * scale).reshape(-1))
                 end = offset + rows * cols
             parts.append(jnp.zeros((m.shape[0] - end,), m.dtype))
             return jnp.concatenate(parts)
+
         return direction
 
     return [branch(kind) for kind in slots.types] + [jnp.zeros_like]
 
 
-def muon_update(slots: SlotLayout, types: jax.Array, state: GroupState, grads: jax.Array, count: jax.Array,
-                lr: jax.Array, o: ml_collections.ConfigDict, dtype) -> tuple[jax.Array, jax.Array]:
+def muon_update(
+    slots: SlotLayout,
+    types: jax.Array,
+    state: GroupState,
+    grads: jax.Array,
+    count: jax.Array,
+    lr: jax.Array,
+    o: ml_collections.ConfigDict,
+    dtype,
+) -> tuple[jax.Array, jax.Array]:
     """Owned Muon slots: grads [s, S] fp32, types [s] → (new master [s, S], new momentum [s, S])."""
     beta = float(o.muon_momentum)
     mom = (1 - beta) * grads + beta * state.momentum
@@ -106,8 +119,15 @@ def muon_update(slots: SlotLayout, types: jax.Array, state: GroupState, grads: j
     return master + (-lr) * direction, mom
 
 
-def adam_update(flat: FlatLayout, index: jax.Array, state: GroupState, grads: jax.Array, count: jax.Array,
-                lr: jax.Array, o: ml_collections.ConfigDict) -> tuple[jax.Array, jax.Array, jax.Array]:
+def adam_update(
+    flat: FlatLayout,
+    index: jax.Array,
+    state: GroupState,
+    grads: jax.Array,
+    count: jax.Array,
+    lr: jax.Array,
+    o: ml_collections.ConfigDict,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Owned AdamW elements: grads [C] fp32 → (new master, mu, nu), each [C]."""
     b1, b2 = float(o.adam_b1), float(o.adam_b2)
     mu = (1 - b1) * grads + b1 * state.adam_mu
@@ -128,9 +148,15 @@ def clip_scale(sq_norm_local: jax.Array, max_norm: float) -> tuple[jax.Array, ja
     return norm, jnp.where(norm < max_norm, 1.0, max_norm / norm)
 
 
-def update(groups: tuple[Group, ...], states: tuple[GroupState, ...], grads: list[tuple[jax.Array, jax.Array]],
-           count: jax.Array, lrs: dict[str, Callable], o: ml_collections.ConfigDict, dtype
-           ) -> tuple[tuple[GroupState, ...], jax.Array]:
+def update(
+    groups: tuple[Group, ...],
+    states: tuple[GroupState, ...],
+    grads: list[tuple[jax.Array, jax.Array]],
+    count: jax.Array,
+    lrs: dict[str, Callable],
+    o: ml_collections.ConfigDict,
+    dtype,
+) -> tuple[tuple[GroupState, ...], jax.Array]:
     """Clip, then update every group's owned state. grads: per group (slots [s, S], flat [C]) fp32 means;
     count: updates so far (the schedules' step). Returns (new local group states, global norm before clipping)."""
     sq = sum(jnp.sum(s * s) + jnp.sum(f * f) for s, f in grads)
@@ -143,8 +169,9 @@ def update(groups: tuple[Group, ...], states: tuple[GroupState, ...], grads: lis
         master_slots, momentum = state.master_slots, state.momentum
         if group.slots.num_bins:
             types = jnp.asarray(group.slots.row_types())[index]
-            master_slots, momentum = muon_update(group.slots, types, state, g_slots * factor, new_count, lr_muon,
-                                                 o, dtype)
+            master_slots, momentum = muon_update(
+                group.slots, types, state, g_slots * factor, new_count, lr_muon, o, dtype
+            )
         master_flat, mu, nu = state.master_flat, state.adam_mu, state.adam_nu
         if group.flat.size:
             master_flat, mu, nu = adam_update(group.flat, index, state, g_flat * factor, new_count, lr_adam, o)
@@ -159,4 +186,3 @@ def local_group_state(state: GroupState) -> GroupState:
 
 def global_group_state(state: GroupState) -> GroupState:
     return GroupState(*(x[None] for x in state))
-

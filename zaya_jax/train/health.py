@@ -14,9 +14,11 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
-LEGEND = ("progress: loss = training cross-entropy (nats/token) | tok/s = tokens per second | "
-          "worst CV = highest per-layer expert-load coefficient of variation (0 = perfectly even; "
-          "≤ 0.3 is balanced) @ its layer")
+LEGEND = (
+    "progress: loss = training cross-entropy (nats/token) | tok/s = tokens per second | "
+    "worst CV = highest per-layer expert-load coefficient of variation (0 = perfectly even; "
+    "≤ 0.3 is balanced) @ its layer"
+)
 
 
 def progress_fields(row: dict[str, Any], tokens_per_s: float) -> dict[str, str]:
@@ -46,11 +48,15 @@ class BalanceMonitor:
         if kind == "cv":
             if not self.enabled:
                 return "balancing is off (balancing.enabled=False): turn it on"
-            return ("the bias controller is not keeping up: raise balancing.ki_max (faster bias moves; "
-                    "lower it instead if the loads oscillate between experts) or balancing.integral_clip "
-                    "(a router that prefers one expert strongly needs a larger bias range)")
-        return (f"raise model.capacity_factor (now {self.capacity_factor}) or use a dropless dispatch "
-                f"(model.dispatch=grouped or ragged; now {self.dispatch}); dropped tokens skip the MoE block")
+            return (
+                "the bias controller is not keeping up: raise balancing.ki_max (faster bias moves; "
+                "lower it instead if the loads oscillate between experts) or balancing.integral_clip "
+                "(a router that prefers one expert strongly needs a larger bias range)"
+            )
+        return (
+            f"raise model.capacity_factor (now {self.capacity_factor}) or use a dropless dispatch "
+            f"(model.dispatch=grouped or ragged; now {self.dispatch}); dropped tokens skip the MoE block"
+        )
 
     def update(self, step: int, row: dict[str, Any]) -> list[str]:
         """Feed one logged row; returns the warnings (strings) that fire at this step."""
@@ -67,8 +73,10 @@ class BalanceMonitor:
                 streak.append(step)
                 if len(streak) == self.patience:
                     what = "expert-load CV" if kind == "cv" else "dropped fraction"
-                    out.append(f"layer {layer}: {what} {v:.3g} > {limit:g} for {self.patience} logged steps "
-                               f"(steps {streak[0]}–{step}): {self._advice(kind)}")
+                    out.append(
+                        f"layer {layer}: {what} {v:.3g} > {limit:g} for {self.patience} logged steps "
+                        f"(steps {streak[0]}–{step}): {self._advice(kind)}"
+                    )
         return out
 
 
@@ -119,8 +127,15 @@ def plot_load_heatmap(metrics_path: str, out_path: str, title: str = "") -> str 
     layers, experts, _ = rel.shape
     fig, ax = plt.subplots(figsize=(10, min(2.0 + 0.12 * layers * experts, 40.0)))
     edges = _edges(steps)
-    im = ax.pcolormesh(edges, np.arange(layers * experts + 1), rel.reshape(layers * experts, -1),
-                       cmap="RdBu_r", vmin=0.0, vmax=2.0, shading="flat")
+    im = ax.pcolormesh(
+        edges,
+        np.arange(layers * experts + 1),
+        rel.reshape(layers * experts, -1),
+        cmap="RdBu_r",
+        vmin=0.0,
+        vmax=2.0,
+        shading="flat",
+    )
     for k in range(1, layers):
         ax.axhline(k * experts, color="black", linewidth=0.8)
     ax.set_yticks((np.arange(layers) + 0.5) * experts, [f"layer {k}" for k in range(layers)])

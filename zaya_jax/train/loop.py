@@ -38,6 +38,7 @@ def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
 
 def make_eval_step(graphdef, mesh, config: ml_collections.ConfigDict):
     """Held-out loss sums (no gradients): (params, biases, batch) → (Σ CE, Σ tokens)."""
+
     @jax.jit
     def fn(params, biases, batch):
         _, (sums, _) = micro_loss(graphdef, params, biases, batch, config)
@@ -46,6 +47,7 @@ def make_eval_step(graphdef, mesh, config: ml_collections.ConfigDict):
     def run(state, batch):
         with jax.set_mesh(mesh):
             return fn(state.params, state.biases, batch)
+
     return run
 
 
@@ -62,9 +64,11 @@ def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: 
     return ce / max(tokens, 1.0)
 
 
-MEASURE_PEAK_HINT = ("MFU is not reported: no peak for device kind {kind!r} in the hardware table "
-                     "(zaya_jax.sizing.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
-                     "square GEMM's tflops_best, in TFLOP/s) and pass it as --config.train.peak_tflops=<value>")
+MEASURE_PEAK_HINT = (
+    "MFU is not reported: no peak for device kind {kind!r} in the hardware table "
+    "(zaya_jax.sizing.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
+    "square GEMM's tflops_best, in TFLOP/s) and pass it as --config.train.peak_tflops=<value>"
+)
 
 
 def mesh_peak_flops(config: ml_collections.ConfigDict) -> float | None:
@@ -81,8 +85,14 @@ def mesh_peak_flops(config: ml_collections.ConfigDict) -> float | None:
     return peak * (jax.process_count() if device.platform == "cpu" else jax.device_count())
 
 
-def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any = None,
-          hooks: list[Callable] | None = None, quiet: bool = False) -> dict:
+def train(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    *,
+    checkpointer: Any = None,
+    hooks: list[Callable] | None = None,
+    quiet: bool = False,
+) -> dict:
     """Run training; returns {'final_loss', 'eval_loss', 'steps', 'tokens_per_s', ...}."""
     from zaya_jax.data.pipeline import make_iterators
 
@@ -129,8 +139,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
                     logging.warning("%s", msg)
             last.update(time=now, step=step + 1, tokens=0.0)
         if t.eval_every and (step + 1) % t.eval_every == 0 and eval_iter is not None:
-            writer.write(step + 1, {"eval_loss": evaluate(eval_step, state, eval_iter, mesh,
-                                                          global_batch, t.eval_batches)})
+            writer.write(
+                step + 1, {"eval_loss": evaluate(eval_step, state, eval_iter, mesh, global_batch, t.eval_batches)}
+            )
         if checkpointer is not None:
             state = checkpointer.maybe_save(step + 1, state, train_iter, metrics)
             if checkpointer.resume_step is not None:  # rolled back (NaN/Inf loss or spike): go on from there
@@ -149,8 +160,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
     if eval_iter is not None and not preempted:
         logged = writer.last("eval_loss", step=int(state.step))  # evaluated at this step already (eval_every)
         if logged is None:
-            logged = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t),
-                              t.eval_batches)
+            logged = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t), t.eval_batches)
             writer.write(int(state.step), {"eval_loss": logged})
         summary["eval_loss"] = logged
     summary["data"] = list(data_dirs)
@@ -162,8 +172,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, *, checkpointer: Any 
         checkpointer.finish(int(state.step), state, train_iter)
     train_iter.close()
     writer.close()
-    if writer.enabled and (png := health.plot_load_heatmap(os.path.join(workdir, "metrics.jsonl"),
-                                                           os.path.join(workdir, "expert_load.png"))):
+    if writer.enabled and (
+        png := health.plot_load_heatmap(
+            os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "expert_load.png")
+        )
+    ):
         summary["expert_load_png"] = png
     summary["state"] = state
     return summary

@@ -45,8 +45,17 @@ def _chunk_len(seq: int, limit: int) -> int:
     return max(c for c in range(1, min(seq, max(limit, 1)) + 1) if seq % c == 0)
 
 
-def chunked_objective(h: jax.Array, embed: jax.Array, labels: jax.Array, loss_mask: jax.Array, *, z_loss: float,
-                      chunk: int, blocks: int = 1, dtype=jnp.float32) -> tuple[jax.Array, LossSums]:
+def chunked_objective(
+    h: jax.Array,
+    embed: jax.Array,
+    labels: jax.Array,
+    loss_mask: jax.Array,
+    *,
+    z_loss: float,
+    chunk: int,
+    blocks: int = 1,
+    dtype=jnp.float32,
+) -> tuple[jax.Array, LossSums]:
     """(Σ CE + z_loss · Σ logsumexp², LossSums) of the tied head `h @ embedᵀ` without materialising all logits.
 
     h: [B, S, H] final hidden states; embed: [V, H]; labels/loss_mask: [B, S]; dtype: the compute dtype of
@@ -79,6 +88,7 @@ def _chunk_stats(hx, lx, mx, w):
 @jax.custom_vjp
 def _fused_ce(xs, w, z_loss):
     """xs = (h [n, ..., H], labels [n, ...], mask [n, ...]) chunks → (objective, [Σ CE, Σ lse²])."""
+
     def one(acc, x):
         return acc + _chunk_stats(*x, w)[2], None
 

@@ -25,8 +25,12 @@ import numpy as np
 
 OVERVIEW = "1_overview"
 OVERVIEW_KEYS = ("loss", "eval_loss", "lr_muon", "lr_adamw", "grad_norm", "tokens_per_s", "mfu")
-PER_LAYER = {"load_cv": "load_cv", "dropped_fraction": "dropped", "skip_fraction": "skip_fraction",
-             "max_min_load_ratio": "max_min_load_ratio"}
+PER_LAYER = {
+    "load_cv": "load_cv",
+    "dropped_fraction": "dropped",
+    "skip_fraction": "skip_fraction",
+    "max_min_load_ratio": "max_min_load_ratio",
+}
 PER_SLOT = ("load", "bias")
 LR_NAMES = {"muon": "lr_muon", "adam": "lr_adamw"}  # `schedule.learning_rate_schedules` keys → metric names
 
@@ -84,10 +88,12 @@ def custom_scalars_layout() -> dict:
     """tensorboardX Custom Scalars layout: the overview charts, then the MoE balance summary."""
     overview = {k: ["Multiline", [f"{OVERVIEW}/{k}"]] for k in OVERVIEW_KEYS if not k.startswith("lr_")}
     overview["learning rates"] = ["Multiline", [f"{OVERVIEW}/lr_.*"]]
-    moe = {"worst layer load CV": ["Multiline", ["moe/max_load_cv"]],
-           "dropped fraction": ["Multiline", ["moe/dropped"]],
-           "load CV per layer": ["Multiline", ["load_cv/layer_.*"]],
-           "dropped per layer": ["Multiline", ["dropped/layer_.*"]]}
+    moe = {
+        "worst layer load CV": ["Multiline", ["moe/max_load_cv"]],
+        "dropped fraction": ["Multiline", ["moe/dropped"]],
+        "load CV per layer": ["Multiline", ["load_cv/layer_.*"]],
+        "dropped per layer": ["Multiline", ["dropped/layer_.*"]],
+    }
     return {"overview": overview, "MoE balance": moe}
 
 
@@ -132,8 +138,9 @@ class MetricWriter:
             self._jsonl = open(path, "a", encoding="utf-8")
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard", self.run_name),
-                                     purge_step=start_step + 1 if start_step else None)
+            self._tb = SummaryWriter(
+                os.path.join(workdir, "tensorboard", self.run_name), purge_step=start_step + 1 if start_step else None
+            )
             self._tb.add_custom_scalars(custom_scalars_layout())
 
     def last(self, name: str, step: int | None = None) -> Any:

@@ -59,10 +59,27 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)  # quintic Newton–Schulz (a, b, c): X �
 MUON_MATRICES = frozenset({"wq", "wk", "wv_cur", "wv_del", "wo", "w_down", "w1", "w2", "w3", "w_in", "w_out"})
 CONV_TAPS = "conv2_w"  # per-head [d, d] taps: Muon only with optimizer.muon_conv
 SPLIT_LEAF = "w_in"  # fused [..., H, 2I] gate | up
-ADAM_LEAVES = frozenset({
-    "embed", "in_scale", "in_bias", "scale", "conv1_w", "conv1_b", "conv2_b", "temp",
-    "h_scale", "h_bias", "r_scale", "r_bias", "b_down", "eda_scale", "norm", "b1", "b2",
-})
+ADAM_LEAVES = frozenset(
+    {
+        "embed",
+        "in_scale",
+        "in_bias",
+        "scale",
+        "conv1_w",
+        "conv1_b",
+        "conv2_b",
+        "temp",
+        "h_scale",
+        "h_bias",
+        "r_scale",
+        "r_bias",
+        "b_down",
+        "eda_scale",
+        "norm",
+        "b1",
+        "b2",
+    }
+)
 DECAYED_ADAM_LEAVES = frozenset({"conv1_w", "conv2_w"})  # + "embed" with optimizer.decay_embedding
 Pytree = Any
 
@@ -77,7 +94,8 @@ def _label(name: str, muon_conv: bool) -> str:
         return "adam"
     raise ValueError(
         f"optimizer: parameter {name!r} has no Muon/AdamW assignment; add it to MUON_MATRICES or "
-        "ADAM_LEAVES in zaya_jax/train/optimizer.py")
+        "ADAM_LEAVES in zaya_jax/train/optimizer.py"
+    )
 
 
 def param_labels(params: Pytree, *, muon_conv: bool = False) -> Pytree:
@@ -89,9 +107,10 @@ def param_labels(params: Pytree, *, muon_conv: bool = False) -> Pytree:
 def decay_mask(params: Pytree, *, decay_embedding: bool = False, muon_conv: bool = False) -> Pytree:
     """Same-structure tree of bools: True = decoupled weight decay applies (Muon matrices, conv
     kernels, and the embedding iff `decay_embedding`)."""
+
     def f(name: str, _) -> bool:
-        return (_label(name, muon_conv) == "muon" or name in DECAYED_ADAM_LEAVES
-                or (name == "embed" and decay_embedding))
+        return _label(name, muon_conv) == "muon" or name in DECAYED_ADAM_LEAVES or (name == "embed" and decay_embedding)
+
     return map_named(f, params)
 
 
@@ -111,8 +130,15 @@ def _ns_matrix(x: jax.Array, coeffs: tuple[float, float, float], steps: int, eps
     return x if wide else x.T
 
 
-def orthogonalize(x: jax.Array, *, ns_steps: int = 5, ns_coeffs: tuple[float, float, float] = NS_COEFFS,
-                  split_last: bool = False, eps: float = 1e-7, dtype=jnp.float32) -> jax.Array:
+def orthogonalize(
+    x: jax.Array,
+    *,
+    ns_steps: int = 5,
+    ns_coeffs: tuple[float, float, float] = NS_COEFFS,
+    split_last: bool = False,
+    eps: float = 1e-7,
+    dtype=jnp.float32,
+) -> jax.Array:
     """Approximate orthogonalisation U·Vᵀ of every matrix of x [..., in, out] (fp32 result).
 
     Leading axes are batch axes (one nested vmap each, so a sharded layer/expert axis stays local).
@@ -124,8 +150,13 @@ def orthogonalize(x: jax.Array, *, ns_steps: int = 5, ns_coeffs: tuple[float, fl
         *lead, n_in, n_out = x.shape
         if n_out % 2:
             raise ValueError(f"split_last needs an even last axis, got shape {x.shape}")
-        y = orthogonalize(jnp.moveaxis(x.reshape(*lead, n_in, 2, n_out // 2), -2, -3),
-                          ns_steps=ns_steps, ns_coeffs=ns_coeffs, eps=eps, dtype=dtype)
+        y = orthogonalize(
+            jnp.moveaxis(x.reshape(*lead, n_in, 2, n_out // 2), -2, -3),
+            ns_steps=ns_steps,
+            ns_coeffs=ns_coeffs,
+            eps=eps,
+            dtype=dtype,
+        )
         return jnp.moveaxis(y, -3, -2).reshape(x.shape)
     if x.ndim < 2:
         raise ValueError(f"Muon needs a matrix (rank >= 2), got shape {x.shape}")
@@ -152,16 +183,24 @@ class MuonState(NamedTuple):
     mu: Pytree  # momentum, same shapes (and shardings) as the params
 
 
-def scale_by_muon_stacked(*, beta: float = 0.95, nesterov: bool = True, ns_steps: int = 5,
-                          ns_coeffs: tuple[float, float, float] = NS_COEFFS, split_gate_up: bool = True,
-                          consistent_rms: float = 0.2, eps: float = 1e-7, ns_dtype=jnp.float32
-                          ) -> optax.GradientTransformation:
+def scale_by_muon_stacked(
+    *,
+    beta: float = 0.95,
+    nesterov: bool = True,
+    ns_steps: int = 5,
+    ns_coeffs: tuple[float, float, float] = NS_COEFFS,
+    split_gate_up: bool = True,
+    consistent_rms: float = 0.2,
+    eps: float = 1e-7,
+    ns_dtype=jnp.float32,
+) -> optax.GradientTransformation:
     """Muon direction for stacked kernels [..., in, out]: momentum → per-matrix NS → shape scale.
 
     Momentum follows `optax.contrib.scale_by_muon` (EMA with bias correction, optional Nesterov).
     Leaves named `w_in` are split into gate | up halves when `split_gate_up`. Works inside
     `optax.partition` (masked-out leaves are `optax.MaskedNode`s, which have no array leaves).
     """
+
     def init_fn(params):
         return MuonState(jnp.zeros([], jnp.int32), optax.tree.zeros_like(params))
 
@@ -170,9 +209,11 @@ def scale_by_muon_stacked(*, beta: float = 0.95, nesterov: bool = True, ns_steps
         mu = optax.tree.update_moment(updates, state.mu, beta, 1)
         count = optax.safe_increment(state.count)
         if nesterov:
-            mu_hat = jax.tree.map(lambda m, g: beta * m + (1 - beta) * g,
-                                  optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
-                                  optax.tree.bias_correction(updates, beta, count))
+            mu_hat = jax.tree.map(
+                lambda m, g: beta * m + (1 - beta) * g,
+                optax.tree.bias_correction(mu, beta, optax.safe_increment(count)),
+                optax.tree.bias_correction(updates, beta, count),
+            )
         else:
             mu_hat = optax.tree.bias_correction(mu, beta, count)
 
@@ -189,8 +230,7 @@ def scale_by_muon_stacked(*, beta: float = 0.95, nesterov: bool = True, ns_steps
 # ----------------------------------------------------------------------------- the optimizer
 
 
-def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = None
-                   ) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = None) -> optax.GradientTransformation:
     """clip → partition{muon, adam} with separate scheduled peak LRs (`schedule.learning_rate_schedules`).
 
     params (optional): checked eagerly, so an unassigned parameter name fails here, not inside jit.
@@ -207,18 +247,32 @@ def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = No
     def decay(tx_list: list, mask):
         return tx_list + [optax.add_decayed_weights(wd, mask)] if wd > 0 else tx_list
 
-    muon_tx = optax.chain(*decay(
-        [scale_by_muon_stacked(beta=o.muon_momentum, nesterov=bool(o.muon_nesterov), ns_steps=int(o.muon_ns_steps),
-                               split_gate_up=bool(o.muon_split_gate_up),
-                               consistent_rms=float(o.muon_consistent_rms),
-                               ns_dtype=jnp.dtype(config.model.dtype))],
-        None), optax.scale_by_learning_rate(lrs["muon"]))
-    adam_mask = lambda p: decay_mask(p, decay_embedding=bool(o.decay_embedding),  # noqa: E731
-                                     muon_conv=muon_conv)
-    adam_tx = optax.chain(*decay([optax.scale_by_adam(b1=o.adam_b1, b2=o.adam_b2, eps=o.adam_eps)], adam_mask),
-                          optax.scale_by_learning_rate(lrs["adam"]))
-    split = optax.partition({"muon": muon_tx, "adam": adam_tx},
-                            lambda p: param_labels(p, muon_conv=muon_conv))
+    muon_tx = optax.chain(
+        *decay(
+            [
+                scale_by_muon_stacked(
+                    beta=o.muon_momentum,
+                    nesterov=bool(o.muon_nesterov),
+                    ns_steps=int(o.muon_ns_steps),
+                    split_gate_up=bool(o.muon_split_gate_up),
+                    consistent_rms=float(o.muon_consistent_rms),
+                    ns_dtype=jnp.dtype(config.model.dtype),
+                )
+            ],
+            None,
+        ),
+        optax.scale_by_learning_rate(lrs["muon"]),
+    )
+    adam_mask = lambda p: decay_mask(
+        p,
+        decay_embedding=bool(o.decay_embedding),  # noqa: E731
+        muon_conv=muon_conv,
+    )
+    adam_tx = optax.chain(
+        *decay([optax.scale_by_adam(b1=o.adam_b1, b2=o.adam_b2, eps=o.adam_eps)], adam_mask),
+        optax.scale_by_learning_rate(lrs["adam"]),
+    )
+    split = optax.partition({"muon": muon_tx, "adam": adam_tx}, lambda p: param_labels(p, muon_conv=muon_conv))
     if o.grad_clip_norm and o.grad_clip_norm > 0:
         return optax.chain(optax.clip_by_global_norm(float(o.grad_clip_norm)), split)
     return split

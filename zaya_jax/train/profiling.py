@@ -24,8 +24,9 @@ class ProfileHook:
 
     def __init__(self, log_dir: str, start: int, stop: int, *, all_processes: bool = False):
         if not 1 <= start < stop:
-            raise ValueError(f"profile steps must satisfy 1 <= start < stop (step 0 compiles), got start={start}, "
-                             f"stop={stop}")
+            raise ValueError(
+                f"profile steps must satisfy 1 <= start < stop (step 0 compiles), got start={start}, stop={stop}"
+            )
         self.log_dir, self.start, self.stop = os.path.abspath(log_dir), int(start), int(stop)
         self.enabled = all_processes or jax.process_index() == 0
         self.active = False

@@ -28,8 +28,7 @@ import optax
 from zaya_jax.config import DECAY_SHAPES, SCHEDULES, ConfigError, check_sequence_split, choice_table
 
 
-def _wsd(peak: float, steps: int, warmup: int, decay_fraction: float, min_ratio: float,
-         shape: str) -> optax.Schedule:
+def _wsd(peak: float, steps: int, warmup: int, decay_fraction: float, min_ratio: float, shape: str) -> optax.Schedule:
     """Warmup-stable-decay: 0 →(linear, `warmup`) peak → hold → decay over the last
     `round(decay_fraction · steps)` steps to `min_ratio · peak` (value reached at `steps`)."""
     shape_fn = _DECAY_SHAPES[shape]
@@ -53,8 +52,13 @@ _DECAY_SHAPES = choice_table(DECAY_SHAPES, {"linear": lambda u: u, "sqrt": jnp.s
 
 def _warmup_cosine(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
     warmup = int(opt.warmup_steps)
-    return optax.warmup_cosine_decay_schedule(init_value=0.0, peak_value=peak, warmup_steps=warmup,
-                                              decay_steps=max(steps, warmup + 1), end_value=opt.min_lr_ratio * peak)
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=peak,
+        warmup_steps=warmup,
+        decay_steps=max(steps, warmup + 1),
+        end_value=opt.min_lr_ratio * peak,
+    )
 
 
 def _constant(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
@@ -64,12 +68,16 @@ def _constant(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
 
 
-_SCHEDULES = choice_table(SCHEDULES, {
-    "warmup_cosine": _warmup_cosine,
-    "wsd": lambda opt, steps, peak: _wsd(peak, steps, int(opt.warmup_steps), opt.decay_fraction, opt.min_lr_ratio,
-                                         opt.wsd_decay_shape),
-    "constant": _constant,
-})
+_SCHEDULES = choice_table(
+    SCHEDULES,
+    {
+        "warmup_cosine": _warmup_cosine,
+        "wsd": lambda opt, steps, peak: _wsd(
+            peak, steps, int(opt.warmup_steps), opt.decay_fraction, opt.min_lr_ratio, opt.wsd_decay_shape
+        ),
+        "constant": _constant,
+    },
+)
 
 
 def make_schedule(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
@@ -84,8 +92,7 @@ def learning_rate_schedules(config: ml_collections.ConfigDict) -> dict[str, opta
     Both share the shape; the trainer logs `schedules[k](step)`.
     """
     o, steps = config.optimizer, int(config.train.steps)
-    return {"muon": make_schedule(o, steps, o.learning_rate),
-            "adam": make_schedule(o, steps, o.adam_learning_rate)}
+    return {"muon": make_schedule(o, steps, o.learning_rate), "adam": make_schedule(o, steps, o.adam_learning_rate)}
 
 
 # ----------------------------------------------------------------------------- batch ramp
@@ -148,14 +155,21 @@ def validate_batch_ramp(train_cfg: ml_collections.ConfigDict, dp_size: int) -> N
         raise ConfigError(f"data-parallel size must be >= 1, got {dp_size}")
     mb = int(train_cfg.microbatches)
     need = dp_size * mb
-    checks = [("train.global_batch_size" if not train_cfg.batch_ramp or train_cfg.batch_ramp[0][0] > 0
-               else "train.batch_ramp stage at step 0", batch_size_at(0, train_cfg))]
+    checks = [
+        (
+            "train.global_batch_size"
+            if not train_cfg.batch_ramp or train_cfg.batch_ramp[0][0] > 0
+            else "train.batch_ramp stage at step 0",
+            batch_size_at(0, train_cfg),
+        )
+    ]
     checks += [(f"train.batch_ramp stage at step {start}", b) for start, b in _stages(train_cfg)]
     for where, batch in checks:
         if batch % need:
             raise ConfigError(
                 f"{where}: batch {batch} is not divisible by data-parallel size {dp_size} × "
-                f"train.microbatches {mb} = {need}; use a multiple of {need}")
+                f"train.microbatches {mb} = {need}; use a multiple of {need}"
+            )
 
 
 def check_layout(config: ml_collections.ConfigDict, sizes: dict[str, int], *, process_count: int = 1) -> None:
@@ -173,6 +187,8 @@ def check_layout(config: ml_collections.ConfigDict, sizes: dict[str, int], *, pr
         raise ConfigError(f"mesh data={data} x expert={expert}: {err}, or another mesh") from None
     for batch in {batch_size_at(0, t), *(int(b) for _, b in t.batch_ramp)}:
         if batch % process_count:
-            raise ConfigError(f"global batch {batch} is not divisible by the {process_count} processes (each loads "
-                              "an equal share); use a multiple of the process count")
+            raise ConfigError(
+                f"global batch {batch} is not divisible by the {process_count} processes (each loads "
+                "an equal share); use a multiple of the process count"
+            )
     check_sequence_split(config, int(sizes.get("context", 1)))

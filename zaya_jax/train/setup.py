@@ -16,8 +16,7 @@ from typing import Any, Callable, NamedTuple
 import ml_collections
 from jax.sharding import Mesh
 
-from zaya_jax.train import schedule
-from zaya_jax.train import zero1
+from zaya_jax.train import schedule, zero1
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state, create_train_state
 from zaya_jax.train.step import make_train_step
@@ -47,8 +46,16 @@ def _build(config: ml_collections.ConfigDict, mesh: Mesh, model: Any, abstract: 
         else:
             graphdef, setup, state = zero1.create_zero1_state(config, mesh, tx, model)
         step = make_zero1_train_step(graphdef, setup, config, mesh, lr_fn)
-        return Training(graphdef, state, setup.shardings, step, setup.abstract_canonical, setup.to_canonical,
-                        setup.from_canonical, setup)
+        return Training(
+            graphdef,
+            state,
+            setup.shardings,
+            step,
+            setup.abstract_canonical,
+            setup.to_canonical,
+            setup.from_canonical,
+            setup,
+        )
     graphdef, abs_state, shardings = abstract_train_state(config, mesh, tx)
     state = abs_state if abstract else create_train_state(config, mesh, tx, model)[1]
     step = make_train_step(graphdef, tx, config, mesh, shardings, lr_fn)

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 from flax import nnx
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 from zaya_jax.model.layers import BalancingBias
 from zaya_jax.model.zaya import Zaya, abstract_model
@@ -51,8 +52,9 @@ def state_specs(abs_state: TrainState, mesh: Mesh, mode: str) -> TrainState:
     )
 
 
-def canonical_builder(config: ml_collections.ConfigDict, tx: optax.GradientTransformation
-                      ) -> Callable[[Zaya | None], TrainState]:
+def canonical_builder(
+    config: ml_collections.ConfigDict, tx: optax.GradientTransformation
+) -> Callable[[Zaya | None], TrainState]:
     """`build(model)`: the step-0 TrainState of `model`'s weights (None: a fresh init with `train.seed`)."""
     m = config.model
 
@@ -60,8 +62,13 @@ def canonical_builder(config: ml_collections.ConfigDict, tx: optax.GradientTrans
         if model is None:
             model = Zaya(m, rngs=nnx.Rngs(params=config.train.seed))
         _, params, biases = split_model(model)
-        return TrainState(jnp.zeros((), jnp.int32), params, tx.init(params), biases,
-                          balancing.init_balancing(jax.tree.leaves(biases)[0]))
+        return TrainState(
+            jnp.zeros((), jnp.int32),
+            params,
+            tx.init(params),
+            biases,
+            balancing.init_balancing(jax.tree.leaves(biases)[0]),
+        )
 
     return build
 
@@ -75,8 +82,9 @@ def with_shardings(abs_tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abs_tree, shardings)
 
 
-def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation,
-                       model: Zaya | None = None):
+def create_train_state(
+    config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation, model: Zaya | None = None
+):
     """Initialise (or adopt `model`'s weights) as a sharded TrainState. Returns (graphdef, state, shardings).
 
     The state is created inside `jit` with its output shardings, so each device materialises only its shards.
@@ -88,7 +96,8 @@ def create_train_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.
             state = jax.jit(build, out_shardings=shardings)()
         else:
             state = jax.jit(lambda p, b: build(nnx.merge(graphdef, p, b)), out_shardings=shardings)(
-                *split_model(model)[1:])
+                *split_model(model)[1:]
+            )
     return graphdef, state, shardings
 
 

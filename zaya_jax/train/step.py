@@ -19,10 +19,10 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
+from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 from zaya_jax.train import balancing
-from zaya_jax.model.layers import dtype_of
 from zaya_jax.train.loss import LossSums, chunked_objective
 from zaya_jax.train.state import TrainState
 
@@ -31,9 +31,11 @@ BATCH_KEYS = ("input_ids", "labels", "loss_mask")
 
 def micro_split(batch: dict, microbatches: int) -> dict:
     """[B, S] arrays → [mb, B/mb, S] (micro-batch k = rows k, k+mb, …, so each stays spread over devices)."""
+
     def split(x):
         x = x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:])
         return jnp.swapaxes(x, 0, 1)
+
     return {k: split(batch[k]) for k in BATCH_KEYS}
 
 
@@ -47,11 +49,19 @@ def micro_loss(graphdef, params, biases, mb: dict, config: ml_collections.Config
     """(summed objective, (LossSums, MoEStats)) of one (micro)batch; differentiate w.r.t. `params`.
     run_layers: how the layer stack runs (`Zaya.hidden_states`)."""
     model = nnx.merge(graphdef, params, biases)
-    h, stats = model.hidden_states(sharding.constrain_batch(mb["input_ids"]),
-                                   context_layout=config.mesh.context_layout, run_layers=run_layers)
-    total, sums = chunked_objective(h, model.embed[...], mb["labels"], mb["loss_mask"], z_loss=config.train.z_loss,
-                                    chunk=config.train.loss_chunk, blocks=context_blocks(),
-                                    dtype=dtype_of(config.model.dtype))
+    h, stats = model.hidden_states(
+        sharding.constrain_batch(mb["input_ids"]), context_layout=config.mesh.context_layout, run_layers=run_layers
+    )
+    total, sums = chunked_objective(
+        h,
+        model.embed[...],
+        mb["labels"],
+        mb["loss_mask"],
+        z_loss=config.train.z_loss,
+        chunk=config.train.loss_chunk,
+        blocks=context_blocks(),
+        dtype=dtype_of(config.model.dtype),
+    )
     return total, (sums, stats)
 
 
@@ -70,20 +80,32 @@ def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections
         return (acc, sums_acc, counts + stats.counts, dropped + stats.dropped), None
 
     zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-    (grads, sums, counts, dropped), _ = jax.lax.scan(body, (zeros, *zero_stats(config)),
-                                                     micro_split(batch, config.train.microbatches))
+    (grads, sums, counts, dropped), _ = jax.lax.scan(
+        body, (zeros, *zero_stats(config)), micro_split(batch, config.train.microbatches)
+    )
     return sums, grads, counts, dropped
 
 
 def zero_stats(config: ml_collections.ConfigDict) -> tuple[LossSums, jax.Array, jax.Array]:
     """Zero LossSums, counts [L, E+1] and dropped [L]: the start of a micro-batch accumulation."""
     m = config.model
-    return (LossSums(*(jnp.zeros((), jnp.float32),) * 3), jnp.zeros((m.num_layers, m.num_experts + 1), jnp.int32),
-            jnp.zeros((m.num_layers,), jnp.int32))
+    return (
+        LossSums(*(jnp.zeros((), jnp.float32),) * 3),
+        jnp.zeros((m.num_layers, m.num_experts + 1), jnp.int32),
+        jnp.zeros((m.num_layers,), jnp.int32),
+    )
 
 
-def balance_and_metrics(biases, bal_state, sums: LossSums, counts: jax.Array, dropped: jax.Array,
-                        grad_norm: jax.Array, config: ml_collections.ConfigDict, lr: jax.Array | None):
+def balance_and_metrics(
+    biases,
+    bal_state,
+    sums: LossSums,
+    counts: jax.Array,
+    dropped: jax.Array,
+    grad_norm: jax.Array,
+    config: ml_collections.ConfigDict,
+    lr: jax.Array | None,
+):
     """The balancing-controller update from the global counts [L, E+1] and the step's metrics.
     Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1] arrays)."""
     bal_metrics = balancing.load_metrics(counts)
@@ -105,8 +127,15 @@ def balance_and_metrics(biases, bal_state, sums: LossSums, counts: jax.Array, dr
     return biases, bal_state, metrics
 
 
-def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTransformation,
-               config: ml_collections.ConfigDict, lr_fn: Callable | None = None):
+def train_step(
+    state: TrainState,
+    batch: dict,
+    *,
+    graphdef,
+    tx: optax.GradientTransformation,
+    config: ml_collections.ConfigDict,
+    lr_fn: Callable | None = None,
+):
     """One optimizer step on the global batch (GSPMD: `fsdp` / `replicated` parameter sharding).
     Returns (new state, metrics)."""
     sums, grads, counts, dropped = loss_and_grads(graphdef, state.params, state.biases, batch, config)
@@ -114,14 +143,22 @@ def train_step(state: TrainState, batch: dict, *, graphdef, tx: optax.GradientTr
     grads = jax.tree.map(lambda g, p: (g / n).astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, sums, counts, dropped,
-                                                     optax.tree.norm(grads), config,
-                                                     None if lr_fn is None else lr_fn(state.step))
+    biases, bal_state, metrics = balance_and_metrics(
+        state.biases,
+        state.balancing,
+        sums,
+        counts,
+        dropped,
+        optax.tree.norm(grads),
+        config,
+        None if lr_fn is None else lr_fn(state.step),
+    )
     return TrainState(state.step + 1, params, opt_state, biases, bal_state), metrics
 
 
-def make_train_step(graphdef, tx, config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: Any,
-                    lr_fn: Callable | None = None):
+def make_train_step(
+    graphdef, tx, config: ml_collections.ConfigDict, mesh: Mesh, state_shardings: Any, lr_fn: Callable | None = None
+):
     """`step(state, batch)` jitted with explicit shardings (batch over data×expert, sequence over context)."""
     batch_sharding = {k: NamedSharding(mesh, sharding.batch_spec(2)) for k in BATCH_KEYS}
     fn = jax.jit(

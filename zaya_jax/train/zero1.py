@@ -32,7 +32,8 @@ import ml_collections
 import numpy as np
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from zaya_jax.keys import path_name
 from zaya_jax.model.layers import dtype_of
@@ -70,8 +71,10 @@ class Zero1Layout:
     param_dtype: Any
 
     def local_shape(self, name: str, sizes: dict[str, int]) -> tuple[int, ...]:
-        return tuple(d // math.prod(sizes[a] for a in _axes_of(e)) for d, e in
-                     zip(self.shapes[name], list(self.specs[name]) + [None] * len(self.shapes[name])))
+        return tuple(
+            d // math.prod(sizes[a] for a in _axes_of(e))
+            for d, e in zip(self.shapes[name], list(self.specs[name]) + [None] * len(self.shapes[name]))
+        )
 
 
 def _axes_of(entry) -> tuple[str, ...]:
@@ -91,16 +94,18 @@ def fill(template: Any, values: Arrays) -> Any:
 def _matrices(name: str, shape: tuple[int, ...], split: bool) -> list[Matrix]:
     *lead, rows, cols = shape[1:]
     halves = (0, 1) if split else (None,)
-    return [Matrix(name, idx, rows, cols // 2 if split else cols, h)
-            for idx in np.ndindex(*lead) for h in halves]
+    return [Matrix(name, idx, rows, cols // 2 if split else cols, h) for idx in np.ndindex(*lead) for h in halves]
 
 
 def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any) -> Zero1Layout:
     """Owner layouts of every group for `abs_params` (an abstract nnx.State of the model's parameters)."""
     o, sizes = config.optimizer, dict(mesh.shape)
     labels = dict(named_leaves(optimizer_lib.param_labels(abs_params, muon_conv=bool(o.muon_conv))))
-    decay = dict(named_leaves(optimizer_lib.decay_mask(abs_params, decay_embedding=bool(o.decay_embedding),
-                                                       muon_conv=bool(o.muon_conv))))
+    decay = dict(
+        named_leaves(
+            optimizer_lib.decay_mask(abs_params, decay_embedding=bool(o.decay_embedding), muon_conv=bool(o.muon_conv))
+        )
+    )
     is_var = lambda x: isinstance(x, nnx.Variable)  # noqa: E731
     specs, shapes, members = {}, {}, {}
     for path, var in jax.tree_util.tree_flatten_with_path(abs_params, is_leaf=is_var)[0]:
@@ -125,8 +130,15 @@ def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any)
                 matrices += _matrices(name, local, split)
             else:
                 flat.append((name, math.prod(local), bool(decay[name])))
-        groups.append(Group(axes, outer, math.prod(sizes[a] for a in outer),
-                            SlotLayout.build(matrices, layers or 0, n), FlatLayout.build(flat, n)))
+        groups.append(
+            Group(
+                axes,
+                outer,
+                math.prod(sizes[a] for a in outer),
+                SlotLayout.build(matrices, layers or 0, n),
+                FlatLayout.build(flat, n),
+            )
+        )
     return dataclasses.replace(layout, groups=tuple(groups))
 
 
@@ -146,7 +158,7 @@ def layer_bins(slots: SlotLayout, layer_leaves: Arrays, dtype) -> jax.Array:
             m = seg.matrix
             x = layer_leaves[m.leaf][m.index]  # [rows, cols (× 2 when split)]
             if m.half is not None:
-                x = x[..., m.half * m.cols:(m.half + 1) * m.cols]
+                x = x[..., m.half * m.cols : (m.half + 1) * m.cols]
             parts.append(x.reshape(m.size).astype(dtype))
         used = sum(seg.matrix.size for seg in segments)
         if used < slots.bin_size:
@@ -168,8 +180,7 @@ def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None =
     names = {seg.matrix.leaf for b in slots.bins for seg in b}
 
     def layer(l, buf):
-        rows = layer_bins(slots, {n: jax.lax.dynamic_index_in_dim(leaves[n], l, keepdims=False) for n in names},
-                          dtype)
+        rows = layer_bins(slots, {n: jax.lax.dynamic_index_in_dim(leaves[n], l, keepdims=False) for n in names}, dtype)
         if acc is not None:
             rows = rows + jax.lax.dynamic_slice(buf, (l * per, 0), (per, size))
         return jax.lax.dynamic_update_slice(buf, rows, (l * per, 0))
@@ -177,8 +188,9 @@ def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None =
     return jax.lax.fori_loop(0, slots.num_layers, layer, buf)
 
 
-def unpack_slots(slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]],
-                 into: Arrays | None = None) -> Arrays:
+def unpack_slots(
+    slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]], into: Arrays | None = None
+) -> Arrays:
     """Inverse of `pack_slots`: [n·s, S] → {name: [L, ...] local leaf} in the dtype of `rows`, written layer by
     layer into `into`'s arrays (e.g. the donated previous parameters, updated in place) or into zeros."""
     if not slots.num_bins:
@@ -193,14 +205,18 @@ def unpack_slots(slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int
         for i, segments in enumerate(slots.bins):
             for seg in segments:
                 m = seg.matrix
-                parts.setdefault(m.leaf, {})[(m.index, m.half)] = \
-                    bins[i, seg.offset:seg.offset + m.size].reshape(m.rows, m.cols)
+                parts.setdefault(m.leaf, {})[(m.index, m.half)] = bins[i, seg.offset : seg.offset + m.size].reshape(
+                    m.rows, m.cols
+                )
         new = {}
         for name in names:
             lead = shapes[name][1:-2]
-            mats = [parts[name][(idx, None)] if (idx, None) in parts[name]
-                    else jnp.concatenate([parts[name][(idx, 0)], parts[name][(idx, 1)]], axis=-1)
-                    for idx in np.ndindex(*lead)]
+            mats = [
+                parts[name][(idx, None)]
+                if (idx, None) in parts[name]
+                else jnp.concatenate([parts[name][(idx, 0)], parts[name][(idx, 1)]], axis=-1)
+                for idx in np.ndindex(*lead)
+            ]
             layer_value = jnp.stack(mats).reshape(shapes[name][1:])
             new[name] = jax.lax.dynamic_update_index_in_dim(out[name], layer_value, l, 0)
         return new
@@ -219,7 +235,7 @@ def pack_flat(flat: FlatLayout, leaves: Arrays, dtype) -> jax.Array:
 def unpack_flat(flat: FlatLayout, vec: jax.Array, shapes: dict[str, tuple[int, ...]]) -> Arrays:
     out, start = {}, 0
     for name, size in flat.leaves:
-        out[name] = vec[start:start + size].reshape(shapes[name])
+        out[name] = vec[start : start + size].reshape(shapes[name])
         start += size
     return out
 
@@ -238,7 +254,7 @@ def _split_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> 
         return x[None]
     dim = next(d for d, e in enumerate(layout.specs[name]) if _axes_of(e))
     shape = list(x.shape)
-    x = x.reshape(*shape[:dim], group.num_outer, shape[dim] // group.num_outer, *shape[dim + 1:])
+    x = x.reshape(*shape[:dim], group.num_outer, shape[dim] // group.num_outer, *shape[dim + 1 :])
     return jnp.moveaxis(x, dim, 0)
 
 
@@ -247,11 +263,12 @@ def _merge_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> 
         return x[0]
     dim = next(d for d, e in enumerate(layout.specs[name]) if _axes_of(e))
     x = jnp.moveaxis(x, 0, dim)
-    return x.reshape(*x.shape[:dim], x.shape[dim] * x.shape[dim + 1], *x.shape[dim + 2:])
+    return x.reshape(*x.shape[:dim], x.shape[dim] * x.shape[dim + 1], *x.shape[dim + 2 :])
 
 
-def pack_global(layout: Zero1Layout, sizes: dict[str, int], values: Arrays, dtype=jnp.float32
-                ) -> tuple[tuple[jax.Array, jax.Array], ...]:
+def pack_global(
+    layout: Zero1Layout, sizes: dict[str, int], values: Arrays, dtype=jnp.float32
+) -> tuple[tuple[jax.Array, jax.Array], ...]:
     """Global parameter-shaped arrays → per group (slots [O, n·s, S], flat [O, n·C])."""
     out = []
     for group in layout.groups:
@@ -268,8 +285,9 @@ def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
     values: Arrays = {}
     for group, (slots, flat) in zip(layout.groups, packed):
         shapes = local_shapes(layout, group, sizes)
-        parts = jax.vmap(lambda s, f: {**unpack_slots(group.slots, s, shapes),
-                                       **unpack_flat(group.flat, f, shapes)})(slots, flat)
+        parts = jax.vmap(lambda s, f: {**unpack_slots(group.slots, s, shapes), **unpack_flat(group.flat, f, shapes)})(
+            slots, flat
+        )
         values.update({n: _merge_outer(layout, n, x, group) for n, x in parts.items()})
     return values
 
@@ -294,8 +312,14 @@ class Zero1State(NamedTuple):
 def state_specs(layout: Zero1Layout, abs_state: Zero1State, mesh: Mesh) -> Zero1State:
     replicated = lambda tree: jax.tree.map(lambda _: P(), tree)  # noqa: E731
     groups = tuple(GroupState(*(g.spec(x.ndim) for x in gs)) for g, gs in zip(layout.groups, abs_state.groups))
-    return Zero1State(P(), sharding.tree_specs(abs_state.params, mesh, "zero1", "param"), groups, P(),
-                      replicated(abs_state.biases), replicated(abs_state.balancing))
+    return Zero1State(
+        P(),
+        sharding.tree_specs(abs_state.params, mesh, "zero1", "param"),
+        groups,
+        P(),
+        replicated(abs_state.biases),
+        replicated(abs_state.balancing),
+    )
 
 
 def _optax_moments(opt_state: Any) -> tuple[Arrays, Arrays, Arrays, jax.Array]:
@@ -328,6 +352,7 @@ def _unmasked(tree: Any) -> Arrays:
 
 def _with_moments(template: Any, muon: Arrays, mu: Arrays, nu: Arrays, count: jax.Array) -> Any:
     """The optax state `template` (abstract) with its moment trees and counts filled in."""
+
     def put(tree, values):
         return jax.tree_util.tree_map_with_path(lambda p, _: values[path_name(p)], tree)
 
@@ -351,11 +376,11 @@ def from_canonical(layout: Zero1Layout, sizes: dict[str, int], canonical: TrainS
     master = pack_global(layout, sizes, params)
     moments = pack_global(layout, sizes, {**zeros, **muon})
     adam = (pack_global(layout, sizes, {**zeros, **mu}), pack_global(layout, sizes, {**zeros, **nu}))
-    groups = tuple(GroupState(m[0], mo[0], m[1], a_mu[1], a_nu[1])
-                   for m, mo, a_mu, a_nu in zip(master, moments, *adam))
+    groups = tuple(GroupState(m[0], mo[0], m[1], a_mu[1], a_nu[1]) for m, mo, a_mu, a_nu in zip(master, moments, *adam))
     compute = jax.tree.map(lambda x: x.astype(layout.compute_dtype), canonical.params)
-    return Zero1State(canonical.step, compute, groups, jnp.asarray(count, jnp.int32), canonical.biases,
-                      canonical.balancing)
+    return Zero1State(
+        canonical.step, compute, groups, jnp.asarray(count, jnp.int32), canonical.biases, canonical.balancing
+    )
 
 
 def to_canonical(layout: Zero1Layout, sizes: dict[str, int], state: Zero1State, opt_template: Any) -> TrainState:
@@ -379,8 +404,14 @@ def named_shardings(mesh: Mesh, specs: Any) -> Any:
 class Zero1Setup:
     """Everything the ZeRO-1 step and its checkpoints need besides the state itself."""
 
-    def __init__(self, layout: Zero1Layout, sizes: dict, shardings: Zero1State, canonical_shardings: TrainState,
-                 abstract_canonical: TrainState):
+    def __init__(
+        self,
+        layout: Zero1Layout,
+        sizes: dict,
+        shardings: Zero1State,
+        canonical_shardings: TrainState,
+        abstract_canonical: TrainState,
+    ):
         self.layout, self.sizes = layout, sizes  # owner layouts; mesh axis sizes
         self.shardings = shardings  # NamedShardings of the Zero1State
         self.canonical_shardings = canonical_shardings  # of the per-parameter TrainState (checkpoints)
@@ -389,8 +420,10 @@ class Zero1Setup:
         # memory is tight), then every device picks its own output shards. Save/restore time only.
         everywhere = NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
         gather = lambda tree: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, everywhere), tree)  # noqa
-        self._to = jax.jit(lambda s: to_canonical(layout, sizes, gather(s), abstract_canonical.opt_state),
-                           out_shardings=canonical_shardings)
+        self._to = jax.jit(
+            lambda s: to_canonical(layout, sizes, gather(s), abstract_canonical.opt_state),
+            out_shardings=canonical_shardings,
+        )
         self._from = jax.jit(lambda c: from_canonical(layout, sizes, gather(c)), out_shardings=shardings)
 
     def to_canonical(self, state: Zero1State) -> TrainState:
@@ -400,8 +433,9 @@ class Zero1Setup:
         return self._from(canonical)
 
 
-def zero1_setup(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation
-                ) -> tuple[Any, Zero1Setup, Zero1State]:
+def zero1_setup(
+    config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation
+) -> tuple[Any, Zero1Setup, Zero1State]:
     """(graphdef, setup, abstract Zero1State with shardings) for `config` on `mesh` — nothing is allocated."""
     graphdef, abs_canonical, canonical_shardings = abstract_train_state(config, mesh, tx)
     layout = build_layout(config, mesh, abs_canonical.params)
@@ -412,13 +446,17 @@ def zero1_setup(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.Gradien
     return graphdef, Zero1Setup(layout, sizes, shardings, canonical_shardings, abs_canonical), abs_state
 
 
-def create_zero1_state(config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation,
-                       model: Any = None) -> tuple[Any, Zero1Setup, Zero1State]:
+def create_zero1_state(
+    config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation, model: Any = None
+) -> tuple[Any, Zero1Setup, Zero1State]:
     """A fresh (or `model`'s) ZeRO-1 state built directly in its shardings. Returns (graphdef, setup, state)."""
     graphdef, setup, _ = zero1_setup(config, mesh, tx)
     build = canonical_builder(config, tx)
-    init = lambda *pb: from_canonical(setup.layout, setup.sizes,  # noqa: E731
-                                      build(nnx.merge(graphdef, *pb) if pb else None))
+    init = lambda *pb: from_canonical(
+        setup.layout,
+        setup.sizes,  # noqa: E731
+        build(nnx.merge(graphdef, *pb) if pb else None),
+    )
     with jax.set_mesh(mesh):
         fn = jax.jit(init, out_shardings=setup.shardings)
         state = fn(*split_model(model)[1:]) if model is not None else fn()

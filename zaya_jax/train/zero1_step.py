@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
@@ -32,8 +33,17 @@ from zaya_jax.train import accumulate, schedule
 from zaya_jax.train import distributed_optimizer as dist
 from zaya_jax.train.accumulate import LAYERS
 from zaya_jax.train.step import BATCH_KEYS, balance_and_metrics, micro_loss, micro_split, zero_stats
-from zaya_jax.train.zero1 import (Zero1Setup, Zero1State, fill, local_shapes, named_leaves, pack_flat, pack_slots,
-                                  unpack_flat, unpack_slots)
+from zaya_jax.train.zero1 import (
+    Zero1Setup,
+    Zero1State,
+    fill,
+    local_shapes,
+    named_leaves,
+    pack_flat,
+    pack_slots,
+    unpack_flat,
+    unpack_slots,
+)
 
 
 def _pack(setup: Zero1Setup, grads: Any, dtype, acc: list | None = None) -> list[tuple[jax.Array, jax.Array]]:
@@ -52,8 +62,7 @@ def split_layers(params: Any) -> tuple[Any, Any]:
     return params[LAYERS], nnx.State({k: v for k, v in params.items() if k != LAYERS})
 
 
-def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict,
-                       setup: Zero1Setup):
+def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
     """`local_grads` with the layers' gradients accumulated in fp32 inside the backward pass
     (`zaya_jax.train.accumulate`): no gradient-sized array besides the reduce-scatter buffers."""
     layer_params, other = split_layers(state.params)
@@ -71,16 +80,23 @@ def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_coll
         (other_grads, sinks), (sums, stats) = grad_fn(other, sinks, batch)
         counts, dropped = stats.counts, stats.dropped
     else:
+
         def body(carry, mb):
             acc, sinks, sums_acc, counts, dropped = carry
             (grads, sinks), (sums, stats) = grad_fn(other, sinks, mb)
             acc = jax.tree.map(lambda x, g: x + g.astype(jnp.float32), acc, grads)
-            return (acc, sinks, jax.tree.map(jnp.add, sums_acc, sums), counts + stats.counts,
-                    dropped + stats.dropped), None
+            return (
+                acc,
+                sinks,
+                jax.tree.map(jnp.add, sums_acc, sums),
+                counts + stats.counts,
+                dropped + stats.dropped,
+            ), None
 
         init = (f32(jax.tree.map(jnp.zeros_like, other)), sinks, *zero_stats(config))
-        (other_grads, sinks, sums, counts, dropped), _ = jax.lax.scan(body, init,
-                                                                      micro_split(batch, config.train.microbatches))
+        (other_grads, sinks, sums, counts, dropped), _ = jax.lax.scan(
+            body, init, micro_split(batch, config.train.microbatches)
+        )
     reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
     leaves = dict(named_leaves(other_grads))
     packed = []
@@ -111,8 +127,9 @@ def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections
 
     shapes = jax.eval_shape(lambda p: _pack(setup, p, jnp.float32), state.params)
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    (acc, sums, counts, dropped), _ = jax.lax.scan(body, (zeros, *zero_stats(config)),
-                                                   micro_split(batch, config.train.microbatches))
+    (acc, sums, counts, dropped), _ = jax.lax.scan(
+        body, (zeros, *zero_stats(config)), micro_split(batch, config.train.microbatches)
+    )
     return jax.tree.map(lambda x: x.astype(reduce_dtype), acc), sums, counts, dropped
 
 
@@ -128,8 +145,16 @@ def _gather_params(setup: Zero1Setup, params: Any, groups, dtype) -> Any:
     return fill(params, values)
 
 
-def zero1_local_step(state: Zero1State, batch: dict, *, graphdef, setup: Zero1Setup,
-                     config: ml_collections.ConfigDict, lrs: dict[str, Callable], lr_fn: Callable | None):
+def zero1_local_step(
+    state: Zero1State,
+    batch: dict,
+    *,
+    graphdef,
+    setup: Zero1Setup,
+    config: ml_collections.ConfigDict,
+    lrs: dict[str, Callable],
+    lr_fn: Callable | None,
+):
     """One optimizer step on this device's shard (called inside the shard_map). Returns (state, metrics)."""
     packed, sums, counts, dropped = local_grads(graphdef, state, batch, config, setup)
     sums, counts, dropped = jax.lax.psum((sums, counts, dropped), AXES)
@@ -142,26 +167,47 @@ def zero1_local_step(state: Zero1State, batch: dict, *, graphdef, setup: Zero1Se
     compute = dtype_of(config.model.dtype)
     groups, grad_norm = dist.update(setup.layout.groups, local, grads, state.count, lrs, config.optimizer, compute)
     params = _gather_params(setup, state.params, groups, compute)
-    biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, sums, counts, dropped,
-                                                     grad_norm, config,
-                                                     None if lr_fn is None else lr_fn(state.step))
-    new = Zero1State(state.step + 1, params, tuple(dist.global_group_state(g) for g in groups), state.count + 1,
-                     biases, bal_state)
+    biases, bal_state, metrics = balance_and_metrics(
+        state.biases,
+        state.balancing,
+        sums,
+        counts,
+        dropped,
+        grad_norm,
+        config,
+        None if lr_fn is None else lr_fn(state.step),
+    )
+    new = Zero1State(
+        state.step + 1, params, tuple(dist.global_group_state(g) for g in groups), state.count + 1, biases, bal_state
+    )
     return new, metrics
 
 
-def make_zero1_train_step(graphdef, setup: Zero1Setup, config: ml_collections.ConfigDict, mesh: Mesh,
-                          lr_fn: Callable | None = None):
+def make_zero1_train_step(
+    graphdef, setup: Zero1Setup, config: ml_collections.ConfigDict, mesh: Mesh, lr_fn: Callable | None = None
+):
     """`step(state, batch) -> (state, metrics)`: the shard_map'ed step, jitted with the state donated."""
     specs = jax.tree.map(lambda s: s.spec, setup.shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
     batch_spec = {k: sharding.batch_spec(2) for k in BATCH_KEYS}
     body = jax.shard_map(
-        lambda s, b: zero1_local_step(s, b, graphdef=graphdef, setup=setup, config=config,
-                                      lrs=schedule.learning_rate_schedules(config), lr_fn=lr_fn),
-        mesh=mesh, in_specs=(specs, batch_spec), out_specs=(specs, P()), check_vma=False)
+        lambda s, b: zero1_local_step(
+            s,
+            b,
+            graphdef=graphdef,
+            setup=setup,
+            config=config,
+            lrs=schedule.learning_rate_schedules(config),
+            lr_fn=lr_fn,
+        ),
+        mesh=mesh,
+        in_specs=(specs, batch_spec),
+        out_specs=(specs, P()),
+        check_vma=False,
+    )
     batch_sharding = {k: NamedSharding(mesh, s) for k, s in batch_spec.items()}
-    fn = jax.jit(body, in_shardings=(setup.shardings, batch_sharding), out_shardings=(setup.shardings, None),
-                 donate_argnums=(0,))
+    fn = jax.jit(
+        body, in_shardings=(setup.shardings, batch_sharding), out_shardings=(setup.shardings, None), donate_argnums=(0,)
+    )
 
     def step(state, batch):
         with jax.set_mesh(mesh):
@@ -192,10 +238,12 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
         return sums.ce / n, grads, counts, dropped
 
     out_grads = specs.params
-    body = jax.shard_map(local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(P(), out_grads, P(), P()),
-                         check_vma=False)
+    body = jax.shard_map(
+        local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(P(), out_grads, P(), P()), check_vma=False
+    )
 
     def grads(state, batch):
         with jax.set_mesh(mesh):
             return jax.jit(body)(state, {k: batch[k] for k in BATCH_KEYS})
+
     return grads
