@@ -32,22 +32,12 @@ import os
 
 import ml_collections
 
+from zaya_jax.config import GEOMETRY_FIELDS as MODEL_GEOMETRY
 from zaya_jax.config import ConfigError, default_config
 
 # ---------------------------------------------------------------------------- the variants
 # geometry: vocab, hidden, layers, q heads, kv heads, head dim, experts, expert width, router width, max positions
-GEOMETRY_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_q_heads",
-    "num_kv_heads",
-    "head_dim",
-    "num_experts",
-    "moe_intermediate_size",
-    "router_hidden_size",
-    "max_position_embeddings",
-)
+GEOMETRY_FIELDS = (*MODEL_GEOMETRY, "max_position_embeddings")
 GEOMETRY = {
     "tiny": (384, 64, 2, 4, 2, 16, 4, 64, 16, 1024),  # vocab: the byte tokenizer's 259 ids padded to 128s
     "demo": (384, 128, 4, 4, 2, 32, 8, 128, 32, 1024),

@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
+from zaya_jax.config import GEOMETRY_FIELDS
 
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file(
@@ -24,17 +25,7 @@ flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8,expert:2 (default: th
 flags.DEFINE_bool("strict", False, "also flag dims that are multiples of 64 but not of 128")
 flags.mark_flags_as_required(["config"])
 
-MODEL_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_q_heads",
-    "num_kv_heads",
-    "head_dim",
-    "num_experts",
-    "moe_intermediate_size",
-    "router_hidden_size",
-)
+MODEL_FIELDS = GEOMETRY_FIELDS
 
 
 def main(argv: list[str]) -> None:

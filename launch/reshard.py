@@ -28,7 +28,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, cpu_devices  # noqa: E402
-from zaya_jax.config import PARAM_SHARDINGS  # noqa: E402
+from zaya_jax.config import GEOMETRY_FIELDS, PARAM_SHARDINGS  # noqa: E402
 
 _SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
 _DST = flags.DEFINE_string("dst", None, "Output checkpoint directory (new or empty).")
@@ -52,15 +52,7 @@ cpu_devices.define_flag(
 )
 
 GEOMETRY = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_q_heads",
-    "num_kv_heads",
-    "head_dim",
-    "num_experts",
-    "moe_intermediate_size",
-    "router_hidden_size",
+    *GEOMETRY_FIELDS,
     "cca_time0",
     "cca_time1",
     "partial_rotary_factor",

@@ -15,6 +15,18 @@ import ml_collections
 DTYPES = ("float32", "bfloat16")
 SKIP_OUTPUTS = ("scaled_input", "zero")  # "scaled_input" (legacy training code) | "zero" (HF-native)
 # MoE dispatch: "auto" resolves at trace time (model/moe.py) to one of the concrete ones
+# the integer sizes that define a ZAYA1 shape (checked, printed and compared by every tool that reads a model)
+GEOMETRY_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_q_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_experts",
+    "moe_intermediate_size",
+    "router_hidden_size",
+)
 DISPATCHES = ("auto", "dense", "ragged", "capacity", "grouped", "ep")
 CONCRETE_DISPATCHES = DISPATCHES[1:]
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")

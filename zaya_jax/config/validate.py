@@ -23,19 +23,7 @@ def _choice(section: str, name: str, value: object, names: tuple[str, ...]) -> N
 
 def validate_model(m: ml_collections.ConfigDict) -> None:
     """Raise `ConfigError` for any model field combination the model cannot build."""
-    for name in (
-        "vocab_size",
-        "hidden_size",
-        "num_layers",
-        "num_q_heads",
-        "num_kv_heads",
-        "head_dim",
-        "num_experts",
-        "moe_intermediate_size",
-        "router_hidden_size",
-        "cca_time0",
-        "cca_time1",
-    ):
+    for name in (*choices.GEOMETRY_FIELDS, "cca_time0", "cca_time1"):
         _check(int(m[name]) >= 1, f"model.{name} must be a positive integer, got {m[name]!r}")
     _check(
         m.num_q_heads % m.num_kv_heads == 0,
