@@ -178,6 +178,16 @@ def _pyplot():
 Series = Mapping[str, tuple[Sequence[float], Sequence[float]]]
 
 
+def _panel_grid(plt, n: int, ncols: int, panel_size: tuple[float, float]):
+    """A figure of `n` panels in rows of at most `ncols` (unused cells hidden) → (figure, the n axes)."""
+    ncols = max(1, min(ncols, n))
+    nrows = max(1, -(-n // ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(panel_size[0] * ncols, panel_size[1] * nrows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
 def plot_panels(
     path: str,
     panels: Mapping[str, Series],
@@ -195,12 +205,8 @@ def plot_panels(
     overrides `ylabel` for that panel."""
     plt = _pyplot()
     names = list(panels)
-    ncols = max(1, min(ncols, len(names)))
-    nrows = max(1, -(-len(names) // ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols, 3.6 * nrows), squeeze=False)
-    for ax in axes.flat[len(names) :]:
-        ax.set_visible(False)
-    for ax, name in zip(axes.flat, names):
+    fig, axes = _panel_grid(plt, len(names), ncols, (4.8, 3.6))
+    for ax, name in zip(axes, names):
         for label, (xs, ys) in panels[name].items():
             ax.plot(list(xs), list(ys), marker="o", markersize=3, label=label)
         if logx:
@@ -235,12 +241,8 @@ def plot_bars(
     """Grouped bar charts: `panels[panel][series] = [(category, value), ...]`."""
     plt = _pyplot()
     names = list(panels)
-    ncols = max(1, min(ncols, len(names)))
-    nrows = max(1, -(-len(names) // ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 3.8 * nrows), squeeze=False)
-    for ax in axes.flat[len(names) :]:
-        ax.set_visible(False)
-    for ax, name in zip(axes.flat, names):
+    fig, axes = _panel_grid(plt, len(names), ncols, (6.0, 3.8))
+    for ax, name in zip(axes, names):
         series = panels[name]
         cats: list[str] = []
         for values in series.values():
