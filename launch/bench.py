@@ -145,10 +145,40 @@ def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = Fals
 
 @register_suite(
     "train",
-    "training tokens/s of the jitted train step vs transformers ZayaForCausalLM "
-    "(interleaved, same weights and batches), MFU vs the measured GEMM peak",
+    "training tokens/s of the jitted train step vs transformers ZayaForCausalLM in float32 and bfloat16 "
+    "(each side in its own process, same weights and batches), MFU vs the measured GEMM peak of the dtype",
 )
 def _run_train(f: flags.FlagValues) -> None:
+    """Per dtype (--dtype, else float32 and bfloat16): our step vs transformers, each side in its own process
+    (--separate_runs rounds, alternating; 0 = interleaved in one process); ends with one ratio line per dtype."""
+    import os
+
+    from zaya_jax.bench import common, train
+
+    dtypes = [f.dtype] if f.dtype else ["float32", "bfloat16"]
+    lines = []
+    for k, dtype in enumerate(dtypes):
+        out = f.out if len(dtypes) == 1 else os.path.join(f.out, dtype)
+        rows = _train_one_dtype(f, dtype, out, with_maxtext=k == 0)
+        ratio = next(
+            (
+                r["ratio_vs_transformers"]
+                for r in rows
+                if r["impl"] == "zaya_jax"
+                and r.get("optimizer") == "adamw"
+                and train.is_finite_positive(r.get("ratio_vs_transformers"))
+            ),
+            None,
+        )
+        if ratio is not None:
+            lines.append(f"ratio vs transformers ({dtype}): {ratio:.2f}x")
+    if lines and common.is_writer() and not f.train_side:
+        with open(os.path.join(f.out, "ratios.txt"), "w", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n")
+        print("\n".join(lines), flush=True)
+
+
+def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str, *, with_maxtext: bool) -> list[dict]:
     from zaya_jax.bench import common, train
 
     config = train.bench_config(
@@ -157,11 +187,11 @@ def _run_train(f: flags.FlagValues) -> None:
         batch=f.batch,
         seq=f.seq_len,
         dispatch=f.dispatch,
-        dtype=f.dtype,
+        dtype=dtype,
         remat=f.remat,
     )
     extra_rows, notes = [], []
-    if not f.quick and not f.train_side:
+    if with_maxtext and not f.quick and not f.train_side:
         from zaya_jax.bench import maxtext
 
         mt = maxtext.row(f.maxtext_python)
@@ -169,14 +199,14 @@ def _run_train(f: flags.FlagValues) -> None:
         if "tokens_per_s" in mt:
             extra_rows.append(maxtext.matched_row(config, mt, steps=f.trials or 3))
     rows = None
-    if f.separate_runs:
-        rows = train.pool_rounds(config, _separate_train_runs(f))
+    if f.separate_runs and not f.train_side:
+        rows = train.pool_rounds(config, _separate_train_runs(f, dtype, out))
         notes.append(
             f"each side ran alone in its own process, {f.separate_runs} rounds alternating "
             "zaya_jax / transformers (`--separate_runs`); step times pooled over the rounds"
         )
-    train.run(
-        f.out,
+    return train.run(
+        out,
         config,
         command=common.command_line(),
         steps=f.trials or (2 if f.quick else 3),
@@ -191,7 +221,7 @@ def _run_train(f: flags.FlagValues) -> None:
     )
 
 
-def _separate_train_runs(f: flags.FlagValues) -> list[list[dict]]:
+def _separate_train_runs(f: flags.FlagValues, dtype: str, out_dir: str) -> list[list[dict]]:
     """Re-run this command once per side and round, each in a fresh process; their rows (train_rows.json)."""
     import json
     import os
@@ -200,9 +230,9 @@ def _separate_train_runs(f: flags.FlagValues) -> list[list[dict]]:
     rounds = []
     for r in range(f.separate_runs):
         for side in ("zaya_jax", "transformers"):
-            out = os.path.join(f.out, "runs", f"{r}_{side}")
-            cmd = [sys.executable, *sys.orig_argv[1:], f"--train_side={side}", f"--out={out}", "--separate_runs=0"]
-            print(f"train: round {r} {side}: {' '.join(cmd[1:])}", flush=True)
+            out = os.path.join(out_dir, "runs", f"{r}_{side}")
+            cmd = [sys.executable, *sys.orig_argv[1:], f"--train_side={side}", f"--out={out}", f"--dtype={dtype}"]
+            print(f"train: round {r} {side} ({dtype}): {' '.join(cmd[1:])}", flush=True)
             subprocess.run(cmd, check=True)
             with open(os.path.join(out, "train_rows.json"), encoding="utf-8") as fh:
                 rounds.append(json.load(fh))
@@ -295,9 +325,9 @@ flags.DEFINE_list("optimizers", None, "train: adamw (same as the reference) and/
 flags.DEFINE_bool("reference", True, "train: also time transformers ZayaForCausalLM (needs torch + transformers)")
 flags.DEFINE_integer(
     "separate_runs",
-    0,
-    "train: instead of interleaving steps in one process, run each side "
-    "alone in a fresh process, alternating, this many rounds (pooled; avoids in-process interference)",
+    2,
+    "train: run each side alone in a fresh process, alternating, this many rounds (pooled; avoids in-process "
+    "interference); 0 = interleave the two sides' steps in one process",
 )
 flags.DEFINE_enum("train_side", None, ["zaya_jax", "transformers"], "train: time only this side")
 flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see benchmarks/README.md)")

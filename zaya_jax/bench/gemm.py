@@ -42,7 +42,8 @@ def _operands(m: int, n: int, k: int, dtype: Any, seed: int = 0) -> tuple[jax.Ar
 
 @jax.jit
 def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-    return jnp.matmul(a, b, preferred_element_type=a.dtype)
+    """Operands in their dtype, fp32 accumulation and output (as every matmul of the training step)."""
+    return jnp.matmul(a, b, preferred_element_type=jnp.promote_types(a.dtype, jnp.float32))
 
 
 def time_gemm(m: int, n: int, k: int, dtype: Any, warmup: int = 2, trials: int = 5) -> common.Timing:

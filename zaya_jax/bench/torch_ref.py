@@ -48,6 +48,7 @@ class TorchTrainer:
         eps: float,
         weight_decay: float,
         threads: int | None = None,
+        autocast: bool = False,
     ):
         import torch
         import transformers
@@ -57,6 +58,7 @@ class TorchTrainer:
         if threads:
             torch.set_num_threads(int(threads))
         self.torch = torch
+        self.autocast = bool(autocast)  # bf16 mixed precision: torch.autocast on CPU, fp32 master weights
         torch.manual_seed(0)
         config = transformers.ZayaConfig(**config_to_hf(m))
         self.model = transformers.ZayaForCausalLM(config).float()
@@ -73,7 +75,8 @@ class TorchTrainer:
     def step(self, ids: np.ndarray) -> float:
         torch = self.torch
         x = torch.from_numpy(np.asarray(ids, np.int64))
-        loss = self.model(input_ids=x, labels=x).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.model(input_ids=x, labels=x).loss
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
@@ -87,4 +90,5 @@ class TorchTrainer:
 
 
 def describe(trainer: Any) -> str:
-    return f"torch threads={trainer.threads}, attention={trainer.attn_implementation}"
+    amp = ", torch.autocast(cpu, bfloat16)" if trainer.autocast else ""
+    return f"torch threads={trainer.threads}, attention={trainer.attn_implementation}{amp}"

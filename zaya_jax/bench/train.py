@@ -1,18 +1,20 @@
-"""Training throughput: our jitted train step vs transformers `ZayaForCausalLM`, interleaved in one process.
+"""Training throughput: our jitted train step vs transformers `ZayaForCausalLM`.
 
 Both sides start from the same weights (the JAX initialisation, mapped to the HF-native names by
 `zaya_jax.hf`), use the same optimizer (AdamW with the same hyper-parameters; no clipping) and see the
-same batches, so their losses must agree step by step (the first one exactly up to float rounding). The
-steps run alternately (JAX, torch, JAX, torch, ...) so machine-load drift hits both alike; the ratio is
-computed from medians measured in the same run.
+same batches, so their losses must agree step by step (the first one exactly up to float rounding). In one
+process the steps run alternately (JAX, torch, JAX, torch, ...); `launch.bench --suite=train` by default runs
+each side alone in a fresh process, alternating, and pools the rounds (`pool_rounds`): two frameworks in one
+process disturb each other. The ratio is of median step times. bfloat16 = bf16 operands with fp32
+accumulation on our side, `torch.autocast("cpu", bfloat16)` on the reference's; master weights fp32 on both.
 
 Semantics matched to the reference: `skip_output="zero"` (HF-native skip slot), balancing-bias
 controller off (HF has none), a dropless dispatch (`model.dispatch` must not drop: the row records the
 dropped fraction), loss = mean next-token CE over B·(S−1) tokens (the last position is masked).
 
 MFU = model FLOPs/s (`zaya_jax.model.flops.train_flops_per_token`, the analytic 6·N_active + attention
-count) / the f32 GEMM peak measured in the same run (`zaya_jax.bench.gemm.measure_gemm_peak` on a
-1024³ GEMM, re-measured after every step and the median taken, since the load of a shared host drifts). The
+count) / the GEMM peak of the compute dtype measured in the same run (`zaya_jax.bench.gemm.measure_gemm_peak`
+on a 1024³ GEMM, fp32 accumulation, re-measured after every step and the median taken, since the load of a shared host drifts). The
 project's Muon optimizer can be timed as an extra row (`optimizers=("adamw", "muon")`): its Newton–Schulz
 FLOPs are not model FLOPs and are not counted.
 """
@@ -196,7 +198,7 @@ def _row(
         impl=impl,
         optimizer=optimizer,
         dispatch=m.dispatch if impl == "zaya_jax" else "per-expert loop",
-        dtype=m.dtype if impl == "zaya_jax" else "float32",
+        dtype=m.dtype,  # the reference runs under torch.autocast when this is bfloat16
         params_M=param_counts(m)["total"] / 1e6,
         batch=t.global_batch_size,
         seq=t.seq_len,
@@ -237,8 +239,9 @@ def benchmark(
     one of the two (the JAX state is still created: it provides the reference's weights); see `pool_rounds`.
     """
     run_jax, reference = "zaya_jax" in sides, reference and "transformers" in sides
-    peaks = [gemm.measure_gemm_peak(jnp.float32, size=gemm_size, warmup=1, trials=3)]
-    log(f"train: f32 GEMM peak {peaks[0] / 1e9:.1f} GFLOP/s ({gemm_size}^3; re-measured after every step)")
+    gemm_dtype = jnp.dtype(config.model.dtype)  # MFU against the GEMM peak of the compute dtype
+    peaks = [gemm.measure_gemm_peak(gemm_dtype, size=gemm_size, warmup=1, trials=3)]
+    log(f"train: {gemm_dtype} GEMM peak {peaks[0] / 1e9:.1f} GFLOP/s ({gemm_size}^3; re-measured after every step)")
     t = config.train
     batches = make_batches(config.model.vocab_size, t.global_batch_size, t.seq_len, warmup + steps)
     ok, why = torch_ref.available()
@@ -249,7 +252,9 @@ def benchmark(
         tt = None
         if reference and ok and optimizer == "adamw":
             t0 = time.perf_counter()
-            tt = torch_ref.TorchTrainer(config.model, jt.arrays(), **adamw_hparams(config))
+            tt = torch_ref.TorchTrainer(
+                config.model, jt.arrays(), autocast=config.model.dtype == "bfloat16", **adamw_hparams(config)
+            )
             log(f"train: transformers model built in {time.perf_counter() - t0:.1f} s ({torch_ref.describe(tt)})")
         if not run_jax and tt is None:
             continue
@@ -271,7 +276,7 @@ def benchmark(
                     tcompile += sec
                 else:
                     ttimes.append(sec)
-            peaks.append(gemm.measure_gemm_peak(jnp.float32, size=gemm_size, warmup=1, trials=2))
+            peaks.append(gemm.measure_gemm_peak(gemm_dtype, size=gemm_size, warmup=1, trials=2))
             log(
                 f"train: step {i}{' (warm-up)' if i < warmup else ''}:"
                 + (f" zaya_jax {jl[-1]:.5f} {jtimes[-1] if i >= warmup else jcompile:.2f} s" if run_jax else "")
