@@ -14,7 +14,8 @@ dropped fraction), loss = mean next-token CE over B·(S−1) tokens (the last po
 
 MFU = model FLOPs/s (`zaya_jax.model.flops.train_flops_per_token`, the analytic 6·N_active + attention
 count) / the GEMM peak of the compute dtype measured in the same run (`zaya_jax.bench.gemm.measure_gemm_peak`
-on a 1024³ GEMM, fp32 accumulation, re-measured after every step and the median taken, since the load of a shared host drifts). The
+on a 1024³ GEMM, fp32 accumulation, re-measured after every step and the median taken, since the load of a
+shared host drifts). The
 project's Muon optimizer can be timed as an extra row (`optimizers=("adamw", "muon")`): its Newton–Schulz
 FLOPs are not model FLOPs and are not counted.
 """
