@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from zaya_jax.inference.cache import DecodeCache, dropless, extend, init_cache
+from zaya_jax.model.layers import lead
 from zaya_jax.model.zaya import Zaya
 
 
@@ -59,7 +60,7 @@ def filter_logits(
     logits = logits.astype(jnp.float32) / temperature
     vocab = logits.shape[-1]
     srt = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
-    rank = jnp.arange(vocab).reshape((1,) * (logits.ndim - 1) + (vocab,))  # explicit broadcast over [B]
+    rank = lead(jnp.arange(vocab), logits.ndim)  # [1.., V]: explicit broadcast over the batch
     k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
     in_k = rank < k
     probs = jax.nn.softmax(jnp.where(in_k, srt, -jnp.inf), axis=-1)

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from zaya_jax.config import ERROR_SHAPES, GAIN_UNITS, choice_table
+from zaya_jax.model.layers import lead
 
 
 class BalancingState(NamedTuple):
@@ -113,8 +114,7 @@ def shape_error(err: jax.Array, cfg: ml_collections.ConfigDict, t: jax.Array) ->
     """φ(ε), optionally divided by the target (zero targets use the expert target)."""
     out = _ERROR_SHAPES[cfg.error_shape](err, cfg)
     if cfg.normalize_by_target:
-        denom = jnp.where(t > 0, t, t[0])
-        out = out / denom.reshape((1,) * (out.ndim - denom.ndim) + denom.shape)
+        out = out / lead(jnp.where(t > 0, t, t[0]), out.ndim)
     return out
 
 
