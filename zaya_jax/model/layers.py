@@ -61,9 +61,30 @@ def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     return checkpoint_name(y, BATCHED_MATMUL if batched else MATMUL)
 
 
+TOKEN_MATMUL = "tk,kn->tn"
+
+
+def weight_grad(a: jax.Array, g: jax.Array) -> jax.Array:
+    """Σ_t a[t]ᵀ g[t]: a [T, K], g [T, N] (same dtype) → [K, N] fp32, the weight gradient of `a @ w`.
+
+    Both spellings are one GEMM on a GPU. On XLA:CPU they differ (benchmarks/README.md, "flat token
+    axis"): fp32 runs best as one contraction over T (no copy); bf16 only reaches the fast bf16 GEMM when the
+    contraction spans two axes, which makes XLA copy `a` into a layout with the token axis minor first."""
+    t = a.shape[0]
+    if a.dtype == jnp.float32 or t % 2:
+        return jnp.einsum("tk,tn->kn", a, g, preferred_element_type=jnp.float32)
+    split = lambda x: x.reshape(2, t // 2, x.shape[1])  # noqa: E731
+    return jnp.einsum("htk,htn->kn", split(a), split(g), preferred_element_type=jnp.float32)
+
+
 def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-    """`x @ w` as `einsum`: x [..., K], w [K, N] → [..., N] fp32. Callers cast when they need `dtype`."""
-    return einsum("...k,kn->...n", x, w, dtype)
+    """`x @ w` as `einsum`: x [..., K], w [K, N] → [..., N] fp32. Callers cast when they need `dtype`.
+
+    The leading axes are merged into one token axis first (a free reshape), so the weight gradient
+    `xᵀ·g` contracts a single axis: with several contracting axes XLA:CPU first copies x into a transposed
+    layout (≈ 19% of the 100M CPU step, docs/benchmarks)."""
+    y = einsum(TOKEN_MATMUL, x.reshape(-1, x.shape[-1]), w, dtype)
+    return y.reshape(*x.shape[:-1], w.shape[-1])
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -83,7 +104,10 @@ def _mixed_einsum_bwd(spec, res, g):
     sa, sb = inputs.split(",")
     g = g.astype(a.dtype)
     da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32).astype(a.dtype)
-    db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32).astype(b.dtype)
+    if spec == TOKEN_MATMUL:
+        db = weight_grad(a, g).astype(b.dtype)
+    else:
+        db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32).astype(b.dtype)
     return _like(da, a), _like(db, b)
 
 

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from zaya_jax.model import layers
+
 
 class LossSums(NamedTuple):
     """Sums over the masked tokens of a (micro)batch; divide by `tokens` for means."""
@@ -99,15 +101,17 @@ def _fused_ce(xs, w, z_loss):
 def _fused_ce_fwd(xs, w, z_loss):
     def one(carry, x):
         acc, dw = carry
-        hx, lx, mx = x
+        # one token axis: the head's weight gradient then contracts a single axis (no transposed copy of
+        # dlogits on XLA:CPU)
+        hx, lx, mx = (a.reshape(-1, *a.shape[len(x[1].shape) :]) for a in x)
         logits, lse, sums = _chunk_stats(hx, lx, mx, w)
         p = jnp.exp(logits - lse[..., None])
         onehot = jax.nn.one_hot(lx, logits.shape[-1], dtype=jnp.float32)
         dlogits = ((p - onehot) + (2.0 * z_loss) * lse[..., None] * p) * mx[..., None]  # d objective / d logits
         dlogits = dlogits.astype(w.dtype)
-        dh = jnp.einsum("...v,vh->...h", dlogits, w, preferred_element_type=jnp.float32).astype(hx.dtype)
-        dw = dw + jnp.einsum("...v,...h->vh", dlogits, hx, preferred_element_type=jnp.float32)
-        return (acc + sums, dw), dh
+        dh = jnp.einsum("tv,vh->th", dlogits, w, preferred_element_type=jnp.float32).astype(hx.dtype)
+        dw = dw + layers.weight_grad(dlogits, hx)
+        return (acc + sums, dw), dh.reshape(x[0].shape)
 
     init = (jnp.zeros((2,), jnp.float32), jnp.zeros(w.shape, jnp.float32))
     (sums, dw), dh = jax.lax.scan(one, init, xs)
