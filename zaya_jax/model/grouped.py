@@ -51,7 +51,7 @@ def _forward(xs, starts, sizes, w_in, w_out):
     gu_all = jnp.zeros((xs.shape[0], two_i), dt)
 
     def expert(e, carry):
-        wi, wo, start, n = w_in[e], w_out[e], starts[e], sizes[e]
+        wi, wo, start, n = w_in[e].astype(dt), w_out[e].astype(dt), starts[e], sizes[e]
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
             def chunk(j, c, size=size, offset=offset):
@@ -77,8 +77,9 @@ def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax
 
     xs: [Tp, H] rows sorted by expert, with at least SMALL zero rows of padding after the last group;
     starts, sizes: [E] int32 (rows of expert e: [starts[e], starts[e] + sizes[e])); w_in: [E, H, 2I]
-    (gate | up); w_out: [E, I, H]. Returns ys [Tp, H] fp32: expert outputs, 0 on rows of no group. Operands
-    of every GEMM are in xs.dtype (the compute dtype), accumulation in fp32.
+    (gate | up); w_out: [E, I, H], any dtype (the weight gradients come back in it). Returns ys [Tp, H] fp32:
+    expert outputs, 0 on rows of no group. Operands of every GEMM are in xs.dtype (the compute dtype),
+    accumulation in fp32.
     """
     return _forward(xs, starts, sizes, w_in, w_out)[0]
 
@@ -93,7 +94,8 @@ def _bwd(res, dys):
     h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
 
     def expert(dxs, per_expert):
-        wi, wo, start, n = per_expert
+        w_in_e, w_out_e, start, n = per_expert
+        wi, wo = w_in_e.astype(dt), w_out_e.astype(dt)
         acc = (dxs, jnp.zeros(wi.shape, jnp.float32), jnp.zeros(wo.shape, jnp.float32))
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
@@ -116,7 +118,7 @@ def _bwd(res, dys):
 
             acc = jax.lax.fori_loop(0, count, chunk, acc)
         dxs, acc_in, acc_out = acc
-        return dxs, (acc_in.astype(wi.dtype), acc_out.astype(wo.dtype))
+        return dxs, (acc_in.astype(w_in_e.dtype), acc_out.astype(w_out_e.dtype))
 
     dxs, (dw_in, dw_out) = jax.lax.scan(expert, jnp.zeros_like(xs), (w_in, w_out, starts, sizes))
     return dxs, None, None, dw_in, dw_out

@@ -160,13 +160,13 @@ class MoE(nnx.Module):
         """x: [B, S, H] normed input, state_prev: [B, S, R] → (out [B, S, H] fp32, state [B, S, R], MoEStats).
 
         Inside a manual `shard_map` (the ZeRO-1 step) the arrays and the counts are this device's."""
-        m, dt = self.cfg, layers.dtype_of(self.cfg.dtype)
+        m = self.cfg
         routing = self.router(x, state_prev)
         b, s, h = x.shape
         flat_x, choice, gate = (sharding.flatten_tokens(a) for a in (x, routing.choice, routing.gate))
-        result = get_dispatch(m.dispatch)(
-            flat_x, choice, gate, self.w_in[...].astype(dt), self.w_out[...].astype(dt), m
-        )
+        # the weights go in as stored: each dispatch casts its GEMM operands to x's dtype, so the weight
+        # gradients come back in the parameter dtype (fp32, not rounded to bf16 and converted back)
+        result = get_dispatch(m.dispatch)(flat_x, choice, gate, self.w_in[...], self.w_out[...], m)
         out = result.out  # fp32
         if m.skip_output == "scaled_input":
             is_skip = (choice == m.num_experts)[:, None]
