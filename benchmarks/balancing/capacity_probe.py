@@ -38,7 +38,6 @@ _DEVICES = flags.DEFINE_integer("devices", 8, "Row blocks = devices of the exper
 _BATCHES = flags.DEFINE_integer("batches", 4, "Training batches (global batch size of the checkpoint config).")
 _FACTORS = flags.DEFINE_list("capacity_factors", ["2", "2.5", "3", "4"], "Capacity factors to evaluate.")
 _OUT = flags.DEFINE_string("out", None, "JSON output path.")
-flags.DEFINE_integer("cpu_devices", 8, "Emulated CPU devices.")
 flags.mark_flags_as_required(["checkpoint", "out"])
 
 
