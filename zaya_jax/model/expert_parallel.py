@@ -62,6 +62,7 @@ def ep_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
         return out, jax.lax.psum(dropped, AXES)
 
     tokens = sharding.token_spec()
+    w_in, w_out = w_in.astype(x.dtype), w_out.astype(x.dtype)  # any gather of the weights moves the compute dtype
     out, dropped = jax.shard_map(
         summed,
         mesh=mesh,

@@ -96,8 +96,9 @@ def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
         mesh = active_mesh()
         if mesh is None or mesh.size == 1 or in_manual_region():  # 1 device: no shard_map (its transpose
             out = local_fn(x, choice, gate, w_in, w_out)  # would add an all-reduce)
-        else:
+        else:  # weights enter replicated: cast first, so a gather of sharded (FSDP) weights moves the compute dtype
             tokens, none = sharding.token_spec(), jax.sharding.PartitionSpec()
+            w_in, w_out = w_in.astype(x.dtype), w_out.astype(x.dtype)
             out = jax.shard_map(
                 local_fn, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none), out_specs=tokens, check_vma=False
             )(x, choice, gate, w_in, w_out)
