@@ -253,7 +253,12 @@ def test_moe_suite_quick(tmp_path):
         assert r["ratio_vs_dense"] == pytest.approx(r["moe_s_median"] / r["dense_s_median"])
     assert rows[1]["dropped_fraction"] == 0.0 and rows[2]["devices"] == 2
     assert list(common.read_csv(str(tmp_path / "moe.csv"))[0]) == list(moe.COLUMNS)
-    assert "pytest" in (tmp_path / "moe.md").read_text()
+    report = (tmp_path / "moe.md").read_text()
+    assert "pytest" in report
+    # the summary names the dispatch `auto` runs on one CPU device, with its row's ratio
+    assert (
+        f"dropless (grouped, what `auto` runs on one device here) / dense: {rows[1]['ratio_vs_dense']:.2f}x" in report
+    )
     router, expert = moe.active_flops_per_token(m)
     assert moe.dense_width(m) * 6 * m.hidden_size == pytest.approx(router + expert, rel=0.05)
 

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from zaya_jax.config import model_config, validate_model
-from zaya_jax.model import abstract_model
+from zaya_jax.model import abstract_model, layers
 from zaya_jax.model.cca import CCA
 from zaya_jax.model.moe import MoE
 from zaya_jax.model.router import Router
@@ -416,3 +416,24 @@ def test_scan_equals_unrolled_loop_and_numpy(skip_output):
     np.testing.assert_array_equal(np.asarray(out.stats.counts), np.stack(counts))
     assert np.asarray(out.stats.counts)[:, -1].sum() > 0  # the skip slot is exercised
     assert rel(out.logits, np_model(ids, arrays_of(model), m)) < TOL
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("tokens", [6, 7])
+def test_mm_gradients_match_numpy(dtype, tokens):
+    """`layers.mm` on [B, S, K] (flattened to one token axis) and its weight gradient (one contraction in fp32,
+    a split token axis in bf16; odd token counts take the single contraction) against NumPy in float64."""
+    rng = np.random.default_rng(0)
+    dt = jnp.dtype(dtype)
+    x = jnp.asarray(rng.normal(size=(1, tokens, 5)), dt)
+    w = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
+    g = rng.normal(size=(1, tokens, 3))
+    y, vjp = jax.vjp(lambda x, w: layers.mm(x, w, dt), x, w)
+    dx, dw = vjp(jnp.asarray(g, jnp.float32))
+    xn, wn = np.asarray(x, np.float64), np.asarray(w.astype(dt), np.float64)
+    gn = np.asarray(jnp.asarray(g, jnp.float32).astype(dt), np.float64)  # the backward casts g to the compute dtype
+    tol = 1e-5 if dtype == "float32" else 2e-2
+    assert y.shape == (1, tokens, 3) and y.dtype == jnp.float32 and dw.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(y), xn @ wn, rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(dw), xn[0].T @ gn[0], rtol=tol, atol=tol)
+    np.testing.assert_allclose(np.asarray(dx, np.float64), gn @ wn.T, rtol=tol, atol=5 * tol)
