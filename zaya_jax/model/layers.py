@@ -12,6 +12,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
+from zaya_jax.parallel.mesh import active_mesh, in_manual_region
+
 
 class BalancingBias(nnx.Variable):
     """Router balancing biases β (§6): fp32 state that changes the expert choice only.
@@ -83,8 +85,18 @@ def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
     The leading axes are merged into one token axis first (a free reshape), so the weight gradient
     `xᵀ·g` contracts a single axis: with several contracting axes XLA:CPU first copies x into a transposed
     layout (≈ 19% of the 100M CPU step, docs/benchmarks)."""
+    if x.ndim == 2 or not flat_tokens_are_local():
+        return einsum("...k,kn->...n", x, w, dtype)
     y = einsum(TOKEN_MATMUL, x.reshape(-1, x.shape[-1]), w, dtype)
     return y.reshape(*x.shape[:-1], w.shape[-1])
+
+
+def flat_tokens_are_local() -> bool:
+    """Whether merging the [batch, seq] axes of an activation into one token axis is a local reshape: without a
+    mesh, inside the manual ZeRO-1 step, or under a GSPMD mesh whose sequence is not split (context axis 1).
+    With the sequence split over `context`, GSPMD would gather whole sequences to merge the axes."""
+    mesh = active_mesh()
+    return mesh is None or in_manual_region() or mesh.shape["context"] == 1
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))

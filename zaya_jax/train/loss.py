@@ -101,16 +101,20 @@ def _fused_ce(xs, w, z_loss):
 def _fused_ce_fwd(xs, w, z_loss):
     def one(carry, x):
         acc, dw = carry
-        # one token axis: the head's weight gradient then contracts a single axis (no transposed copy of
-        # dlogits on XLA:CPU)
-        hx, lx, mx = (a.reshape(-1, *a.shape[len(x[1].shape) :]) for a in x)
+        hx, lx, mx = x
+        if layers.flat_tokens_are_local():  # one token axis: the head's weight gradient contracts one axis
+            lead = lx.ndim
+            hx, lx, mx = (a.reshape(-1, *a.shape[lead:]) for a in x)
         logits, lse, sums = _chunk_stats(hx, lx, mx, w)
         p = jnp.exp(logits - lse[..., None])
         onehot = jax.nn.one_hot(lx, logits.shape[-1], dtype=jnp.float32)
         dlogits = ((p - onehot) + (2.0 * z_loss) * lse[..., None] * p) * mx[..., None]  # d objective / d logits
         dlogits = dlogits.astype(w.dtype)
-        dh = jnp.einsum("tv,vh->th", dlogits, w, preferred_element_type=jnp.float32).astype(hx.dtype)
-        dw = dw + layers.weight_grad(dlogits, hx)
+        dh = jnp.einsum("...v,vh->...h", dlogits, w, preferred_element_type=jnp.float32).astype(hx.dtype)
+        if hx.ndim == 2:
+            dw = dw + layers.weight_grad(dlogits, hx)
+        else:
+            dw = dw + jnp.einsum("...v,...h->vh", dlogits, hx, preferred_element_type=jnp.float32)
         return (acc + sums, dw), dh.reshape(x[0].shape)
 
     init = (jnp.zeros((2,), jnp.float32), jnp.zeros(w.shape, jnp.float32))
