@@ -67,11 +67,14 @@ TOKEN_MATMUL = "tk,kn->tn"
 
 
 def weight_grad(a: jax.Array, g: jax.Array) -> jax.Array:
-    """Σ_t a[t]ᵀ g[t]: a [T, K], g [T, N] (same dtype) → [K, N] fp32, the weight gradient of `a @ w`.
+    """Σ_t a[t]ᵀ g[t]: a [..., K], g [..., N] (same dtype) → [K, N] fp32, the weight gradient of `a @ w`.
 
-    Both spellings are one GEMM on a GPU. On XLA:CPU they differ (benchmarks/README.md, "flat token
-    axis"): fp32 runs best as one contraction over T (no copy); bf16 only reaches the fast bf16 GEMM when the
-    contraction spans two axes, which makes XLA copy `a` into a layout with the token axis minor first."""
+    With one token axis T the two spellings below are one GEMM on a GPU. On XLA:CPU they differ
+    (benchmarks/README.md, "Flat token axis"): fp32 runs best as one contraction over T (no copy); bf16 only
+    reaches the fast bf16 GEMM when the contraction spans two axes, which makes XLA copy `a` into a layout
+    with the token axis minor first. Several leading axes (see `flat_tokens_are_local`) contract as they are."""
+    if a.ndim > 2:
+        return jnp.einsum("...k,...n->kn", a, g, preferred_element_type=jnp.float32)
     t = a.shape[0]
     if a.dtype == jnp.float32 or t % 2:
         return jnp.einsum("tk,tn->kn", a, g, preferred_element_type=jnp.float32)
@@ -82,9 +85,9 @@ def weight_grad(a: jax.Array, g: jax.Array) -> jax.Array:
 def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
     """`x @ w` as `einsum`: x [..., K], w [K, N] → [..., N] fp32. Callers cast when they need `dtype`.
 
-    The leading axes are merged into one token axis first (a free reshape), so the weight gradient
-    `xᵀ·g` contracts a single axis: with several contracting axes XLA:CPU first copies x into a transposed
-    layout (≈ 19% of the 100M CPU step, docs/benchmarks)."""
+    Where that is a local reshape (`flat_tokens_are_local`) the leading axes are merged into one token axis
+    first, so the weight gradient `xᵀ·g` contracts a single axis: with several contracting axes XLA:CPU first
+    copies x into a transposed layout (≈ 19% of the 100M CPU step, benchmarks/README.md)."""
     if x.ndim == 2 or not flat_tokens_are_local():
         return einsum("...k,kn->...n", x, w, dtype)
     y = einsum(TOKEN_MATMUL, x.reshape(-1, x.shape[-1]), w, dtype)

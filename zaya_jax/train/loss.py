@@ -111,10 +111,7 @@ def _fused_ce_fwd(xs, w, z_loss):
         dlogits = ((p - onehot) + (2.0 * z_loss) * lse[..., None] * p) * mx[..., None]  # d objective / d logits
         dlogits = dlogits.astype(w.dtype)
         dh = jnp.einsum("...v,vh->...h", dlogits, w, preferred_element_type=jnp.float32).astype(hx.dtype)
-        if hx.ndim == 2:
-            dw = dw + layers.weight_grad(dlogits, hx)
-        else:
-            dw = dw + jnp.einsum("...v,...h->vh", dlogits, hx, preferred_element_type=jnp.float32)
+        dw = dw + layers.weight_grad(dlogits, hx)
         return (acc + sums, dw), dh.reshape(x[0].shape)
 
     init = (jnp.zeros((2,), jnp.float32), jnp.zeros(w.shape, jnp.float32))
