@@ -167,7 +167,7 @@ def main(argv):
         if "eval_loss" in summary and "unigram_entropy" in summary:
             print(
                 f"held-out loss {summary['eval_loss']:.3f} nats/token vs unigram entropy "
-                f"{summary['unigram_entropy']:.3f} (a model of byte frequencies alone)"
+                f"{summary['unigram_entropy']:.3f} (a model of token frequencies alone)"
             )
 
 

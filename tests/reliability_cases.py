@@ -127,6 +127,13 @@ def _copy_ckpt(ctx: Context, workdir: str) -> Callable[[], None]:
     return lambda: None
 
 
+def _bpe_at(ctx: Context, name: str, vocab_size: int) -> Callable[[], None]:
+    from zaya_jax.data.bpe import train_bpe
+
+    train_bpe([_write(ctx, "bpe.txt", "hello world, hello tokens\n" * 50)], vocab_size, _w(ctx, name))
+    return lambda: None
+
+
 BAD_INPUTS: list[BadInput] = [
     # ---- launch.train: config file and fields
     _train("missing_config_file", "--config=nope/missing.py", base=False, ci=True, expect="does not exist"),
@@ -218,6 +225,21 @@ BAD_INPUTS: list[BadInput] = [
         "output_holds_other_data",
         "prepare_data",
         lambda c: [f"--input={_write(c, 'ok.txt', 'hello')}", f"--output={os.path.dirname(c.file)}", "--seq_len=32"],
+    ),
+    # ---- launch.train_tokenizer
+    BadInput(
+        "tokenizer_vocab_too_small",
+        "train_tokenizer",
+        lambda c: [f"--input={_write(c, 'ok.txt', 'hello world')}", f"--output={_w(c, 't1')}", "--vocab_size=100"],
+        ci=True,
+        expect="too small",
+    ),
+    BadInput(
+        "tokenizer_output_holds_another",
+        "train_tokenizer",
+        lambda c: [f"--input={_write(c, 'ok.txt', 'hello world')}", f"--output={_w(c, 't2')}", "--vocab_size=300"],
+        setup=lambda c, w: _bpe_at(c, "t2", 280),
+        expect="never overwritten",
     ),
     # ---- launch.generate
     BadInput(

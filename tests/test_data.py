@@ -70,6 +70,24 @@ def test_hf_tokenizer_wrapper(tmp_path):
         load_tokenizer(str(tmp_path / "missing.json"))
 
 
+def test_trained_bpe_round_trips_merges_the_frequent_bytes_and_is_never_overwritten(tmp_path):
+    from zaya_jax.data.bpe import train_bpe
+
+    text = "".join(f"def spam_{i}(eggs, ham={i * i}):\n    return eggs + {i % 7}\n\n" for i in range(400))
+    _write(tmp_path / "in" / "a.py", text)
+    tok = train_bpe([str(tmp_path / "in")], 300, str(tmp_path / "tok"))
+    assert (tok.pad_id, tok.eos_id, tok.bos_id, tok.raw_vocab_size) == (0, 1, 2, 300)
+    sample = "def spam(eggs):\n    return eggs + 1\n é✓"  # unseen characters fall back to bytes
+    ids = tok.encode(sample)
+    assert tok.decode(ids) == sample and len(ids) < len(sample.encode()) / 2 and max(ids) < 300
+    path = str(tmp_path / "tok" / "tokenizer.json")
+    before = open(path, "rb").read()
+    assert train_bpe([str(tmp_path / "in")], 300, path).sha256 == tok.sha256  # the same tokenizer: reused
+    with pytest.raises(DataError, match="never overwritten"):
+        train_bpe([str(tmp_path / "in")], 290, path)
+    assert open(path, "rb").read() == before
+
+
 # --------------------------------------------------------------------------- packing
 def test_packing_matches_independent_reference(tmp_path):
     src = tmp_path / "in"
