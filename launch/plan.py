@@ -120,7 +120,7 @@ def format_plan(r: dict) -> str:
         f"  ... with loop trip counts applied    {fl['xla_cost_analysis_loop_corrected_per_device']:.4g}",
         f"  HLO dot FLOPs per device (trip counts) {fl['hlo_dot_per_device']:.4g}  -> global {fl['hlo_dot_total']:.4g}",
         f"  analytic model 6·N_active·T + causal attention  {a['model']:.4g}",
-        f"    + masked upper triangle of attention {a['attention_masked_half']:.4g}",
+        f"    + masked part of attention           {a['attention_masked_half']:.4g}",
         f"    + expert capacity padding            {a['expert_capacity_padding']:.4g}",
         f"    + remat recompute                    {a['remat_recompute']:.4g}",
         f"    + Muon Newton-Schulz (optimizer)     {a['muon_newton_schulz']:.4g}",

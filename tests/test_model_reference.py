@@ -17,7 +17,7 @@ from flax import nnx
 
 from zaya_jax.config import model_config, validate_model
 from zaya_jax.model import abstract_model, layers
-from zaya_jax.model.cca import CCA
+from zaya_jax.model.cca import CCA, attention_chunks, causal_attention
 from zaya_jax.model.moe import MoE
 from zaya_jax.model.router import Router
 from zaya_jax.model.zaya import frozen
@@ -437,3 +437,27 @@ def test_mm_gradients_match_numpy(dtype, tokens):
     np.testing.assert_allclose(np.asarray(y), xn @ wn, rtol=tol, atol=tol)
     np.testing.assert_allclose(np.asarray(dw), xn[0].T @ gn[0], rtol=tol, atol=tol)
     np.testing.assert_allclose(np.asarray(dx, np.float64), gn @ wn.T, rtol=tol, atol=5 * tol)
+
+
+@pytest.mark.parametrize("seq, chunk", [(12, 4), (12, 12), (10, 4)])
+def test_chunked_causal_attention_matches_numpy_and_the_full_square(seq, chunk):
+    """Query blocks that see only the keys up to their own end (`model.attention_chunk`) give NumPy's causal
+    attention, and the gradients of a plain masked-square jnp attention; 10 % 4 != 0 and chunk = seq take the
+    square."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, seq, n, 8)) for n in (4, 2, 2))
+    g = rng.standard_normal((2, seq, 4, 8))
+
+    def square(q, k, v):  # independent of zaya_jax: the masked S×S square
+        qg = q.reshape(2, seq, 2, 2, 8)
+        logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k) / math.sqrt(8)
+        logits = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), logits, -jnp.inf)
+        return jnp.einsum("bkgqs,bskd->bqkgd", jax.nn.softmax(logits, -1), v).reshape(2, seq, 4, 8)
+
+    args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
+    out, vjp = jax.vjp(lambda q, k, v: causal_attention(q, k, v, jnp.float32, chunk=chunk), *args)
+    assert rel(out.reshape(2, seq, -1), np_attention(q, k, v)) < TOL
+    _, vjp_ref = jax.vjp(square, *args)
+    for got, want in zip(vjp(jnp.asarray(g, jnp.float32)), vjp_ref(jnp.asarray(g, jnp.float32))):
+        assert rel(got, want) < TOL
+    assert attention_chunks(seq, chunk) == (3 if (seq, chunk) == (12, 4) else 1)

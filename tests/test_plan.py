@@ -449,3 +449,22 @@ ENTRY %main (p0: bf16[4,8], p1: bf16[2,3], p2: f32[5]) -> f32[4,8] {
 }
 """
     assert widened_parameter_bytes(text) == 4 * (4 * 8 + 2 * 3)  # the bf16 -> f32 copies, not f32 -> bf16
+
+
+@pytest.mark.parametrize("chunk", [0, 64, 32])
+def test_chunked_attention_executes_the_share_of_the_square_the_planner_counts(chunk):
+    """Forward + backward dot FLOPs of `causal_attention` in the compiled HLO = 3 × (n + 1)/2n × the full
+    S×S square (QKᵀ and PV: 4·n_q·d·S² forward) for n query blocks, as `plan.analytic_flops` assumes."""
+    from zaya_jax.model.cca import attention_chunks, causal_attention
+
+    b, s, nq, nkv, d = 1, 256, 4, 2, 16
+    q, kv = jax.ShapeDtypeStruct((b, s, nq, d), jnp.float32), jax.ShapeDtypeStruct((b, s, nkv, d), jnp.float32)
+
+    def loss(q, k, v):  # nonlinear in the output, so its forward PV dot is live in the gradient program
+        return jnp.square(causal_attention(q, k, v, jnp.float32, chunk=chunk)).sum()
+
+    compiled = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, kv, kv).compile()
+    n = attention_chunks(s, chunk)
+    square = 4 * nq * d * s * s * b
+    assert hlo_stats.analyze(compiled.as_text(), 1).dot_flops == pytest.approx(3 * (n + 1) / (2 * n) * square)
+    assert n == (s // chunk if chunk else 1)

@@ -12,7 +12,7 @@ is `jax.ShapeDtypeStruct`s with their shardings, and the jitted train step of `t
   `cost_analysis()` also counts every while-loop body **once** (the layer scan = one layer), so the
   planner takes dot FLOPs from the HLO text with loop trip counts applied (`hlo_stats`) and compares them
   with the analytic `6·N_active·tokens + attention` (`model.flops`) plus explicit, separately listed
-  extras XLA really executes: the masked upper triangle of attention, capacity padding, remat recompute
+  extras XLA really executes: the masked part of attention (query blocks or not), capacity padding, remat recompute
   and Muon's Newton–Schulz iterations;
 * collectives — operand bytes of every collective in the HLO, × loop trip counts (a `conditional` counts
   its most expensive branch), with their device groups; the ZeRO-1 minimum they are compared with is
@@ -43,6 +43,7 @@ from jax.sharding import NamedSharding
 from zaya_jax import cluster as cluster_lib
 from zaya_jax import hlo_stats, hlo_text, projection, sizing
 from zaya_jax.config import REMAT_POLICIES, choice_table, validate_mesh
+from zaya_jax.model.cca import attention_chunks
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
@@ -165,11 +166,13 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     nl, h, i = m.num_layers, m.hidden_size, m.moe_intermediate_size
     cf = effective_capacity_factor(config, num_devices)
     attn_square = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full S×S square
-    # share of the square XLA computes: all of it (masked), or in the zigzag context layout the 2n+1 causally
-    # needed of the 4n² (S/2n)² blocks per device (`zaya_jax.model.cca_context`)
+    # share of the square XLA computes: in the zigzag context layout the 2n+1 causally needed of the 4n²
+    # (S/2n)² blocks per device (`zaya_jax.model.cca_context`); otherwise without context parallelism the
+    # (n+1)/2n of n query blocks (`cca.causal_attention`), with a contiguous context split all of it (masked)
     n_ctx = int(config.mesh.context)
     zigzag = n_ctx > 1 and config.mesh.context_layout == "zigzag"
-    square = (2 * n_ctx + 1) / (4 * n_ctx) if zigzag else 1.0
+    chunks = attention_chunks(seq, int(m.attention_chunk)) if n_ctx == 1 else 1
+    square = (2 * n_ctx + 1) / (4 * n_ctx) if zigzag else (chunks + 1) / (2 * chunks)
     attn_fwd_full = square * attn_square
     expert_fwd = 2 * nl * 3 * h * i
     layers_fwd = 2 * (active_matmul_params(m) - m.vocab_size * h) + expert_fwd * (cf - 1) + attn_fwd_full

@@ -83,6 +83,7 @@ def model_config() -> ml_collections.ConfigDict:
             param_dtype="float32",  # DTYPES
             dtype="float32",  # compute dtype, DTYPES
             remat="none",  # REMAT_POLICIES
+            attention_chunk=512,  # query block of causal attention (model/cca.py; 0 = the whole S×S square)
             pad_token_id=0,
             bos_token_id=2,
             eos_token_id=1,

@@ -30,6 +30,10 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
         f"model.num_q_heads={m.num_q_heads} must be a multiple of model.num_kv_heads={m.num_kv_heads} "
         "(grouped-query attention)",
     )
+    _check(
+        int(m.attention_chunk) >= 0,
+        f"model.attention_chunk={m.attention_chunk} must be >= 0 (0 = attend over the whole sequence at once)",
+    )
     _check(m.head_dim % 2 == 0, f"model.head_dim={m.head_dim} must be even (value heads are split in halves)")
     rot = int(m.head_dim * m.partial_rotary_factor)
     _check(

@@ -51,13 +51,13 @@ def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
     return x32 * (scale / jnp.maximum(norm, eps))
 
 
-def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array = 0) -> jax.Array:
-    """Grouped-query causal softmax attention (§5h): QKᵀ and PV take `dtype` operands and accumulate in fp32;
-    logits and softmax are fp32.
+def attention_chunks(seq_len: int, chunk: int) -> int:
+    """Query blocks `causal_attention` splits a length-`seq_len` sequence into (1 = the whole square)."""
+    return seq_len // chunk if 0 < chunk < seq_len and seq_len % chunk == 0 else 1
 
-    q: [B, Sq, n_q, d] fp32, k: [B, Sk, n_kv, d] fp32, v: [B, Sk, n_kv, d]; query i sits at absolute
-    position q_offset + i and key j at position j. Returns [B, Sq, n_q, d] in `dtype`.
-    """
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array) -> jax.Array:
+    """Masked softmax attention of all of `q` against all of `k`/`v` (shapes as in `causal_attention`)."""
     b, sq, n_q, d = q.shape
     n_kv = k.shape[2]
     qg = q.reshape(b, sq, n_kv, n_q // n_kv, d)
@@ -68,6 +68,32 @@ def causal_attention(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: 
     probs = jax.nn.softmax(logits, axis=-1)
     out = layers.einsum("bkgqs,bskd->bqkgd", probs, v, dtype)
     return out.reshape(b, sq, n_q, d).astype(dtype)
+
+
+def causal_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array = 0, chunk: int = 0
+) -> jax.Array:
+    """Grouped-query causal softmax attention (§5h): QKᵀ and PV take `dtype` operands and accumulate in fp32;
+    logits and softmax are fp32.
+
+    q: [B, Sq, n_q, d] fp32, k: [B, Sk, n_kv, d] fp32, v: [B, Sk, n_kv, d]; query i sits at absolute
+    position q_offset + i and key j at position j. Returns [B, Sq, n_q, d] in `dtype`.
+
+    chunk > 0 (`model.attention_chunk`) splits the queries into `attention_chunks(Sq, chunk)` blocks, each
+    attending only to the keys up to its own end: the S×S logits never exist at once and the fully masked
+    blocks above the diagonal are not computed — (n + 1) / 2n of the square's FLOPs for n blocks instead of
+    all of it. Each row's softmax still sees every key it may attend to, so the result is the same up to
+    rounding. Needs a static `q_offset` (the context-parallel path, whose offset is traced, uses the square).
+    """
+    n = attention_chunks(q.shape[1], chunk) if isinstance(q_offset, int) else 1
+    if n == 1:
+        return _attend(q, k, v, dtype, q_offset)
+    c = q.shape[1] // n
+    blocks = []
+    for i in range(n):
+        end = min(k.shape[1], q_offset + (i + 1) * c)
+        blocks.append(_attend(q[:, i * c : (i + 1) * c], k[:, :end], v[:, :end], dtype, q_offset + i * c))
+    return jnp.concatenate(blocks, axis=1)
 
 
 class CCA(nnx.Module):
@@ -152,4 +178,5 @@ class CCA(nnx.Module):
         chex.assert_rank(x, 3)
         q, k, v, _ = self.project(x)
         q, k = self.normalize_and_rotate(q, k, positions)
-        return self.output(causal_attention(q, k, v, layers.dtype_of(self.cfg.dtype)))
+        dt = layers.dtype_of(self.cfg.dtype)
+        return self.output(causal_attention(q, k, v, dt, chunk=int(self.cfg.attention_chunk)))
