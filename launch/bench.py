@@ -157,9 +157,9 @@ def _run_train(f: flags.FlagValues) -> None:
 
     dtypes = [f.dtype] if f.dtype else ["float32", "bfloat16"]
     lines = []
-    for k, dtype in enumerate(dtypes):
+    for dtype in dtypes:
         out = f.out if len(dtypes) == 1 else os.path.join(f.out, dtype)
-        rows = _train_one_dtype(f, dtype, out, with_maxtext=k == 0)
+        rows = _train_one_dtype(f, dtype, out)
         ratio = next(
             (
                 r["ratio_vs_transformers"]
@@ -178,7 +178,7 @@ def _run_train(f: flags.FlagValues) -> None:
         print("\n".join(lines), flush=True)
 
 
-def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str, *, with_maxtext: bool) -> list[dict]:
+def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str) -> list[dict]:
     from zaya_jax.bench import common, train
 
     config = train.bench_config(
@@ -191,10 +191,10 @@ def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str, *, with_maxtext:
         remat=f.remat,
     )
     extra_rows, notes = [], []
-    if with_maxtext and not f.quick and not f.train_side:
+    if not f.quick and not f.train_side:
         from zaya_jax.bench import maxtext
 
-        mt = maxtext.row(f.maxtext_python)
+        mt = maxtext.row(f.maxtext_python, dtype)
         extra_rows.append(mt)
         if "tokens_per_s" in mt:
             extra_rows.append(maxtext.matched_row(config, mt, steps=f.trials or 3))

@@ -114,9 +114,11 @@ def _package_dir(python: str) -> str:
     return out.stdout.strip()
 
 
-def row(python: str | None, timeout_s: int = 900) -> dict[str, Any]:
-    """A train-suite row for MaxText (impl="maxtext"), or a row whose `notes` say why it was not run."""
-    base = dict(impl="maxtext", optimizer="adamw", dispatch="sparse_matmul (ragged)", dtype=SETTINGS["dtype"])
+def row(python: str | None, dtype: str = "float32", timeout_s: int = 900) -> dict[str, Any]:
+    """A train-suite row for MaxText (impl="maxtext") with activations in `dtype` (MaxText keeps fp32 weights),
+    or a row whose `notes` say why it was not run."""
+    settings = dict(SETTINGS, dtype=dtype)
+    base = dict(impl="maxtext", optimizer="adamw", dispatch="sparse_matmul (ragged)", dtype=dtype)
     if not python:
         return dict(
             base,
@@ -135,7 +137,7 @@ def row(python: str | None, timeout_s: int = 900) -> dict[str, Any]:
                 "run_name=zaya_bench",
                 f"base_output_directory={tmp}",
                 f"metrics_file={metrics}",
-                *(f"{k}={v}" for k, v in SETTINGS.items()),
+                *(f"{k}={v}" for k, v in settings.items()),
             ]
             env = dict(
                 os.environ,
