@@ -439,11 +439,11 @@ def test_mm_gradients_match_numpy(dtype, tokens):
     np.testing.assert_allclose(np.asarray(dx, np.float64), gn @ wn.T, rtol=tol, atol=5 * tol)
 
 
-@pytest.mark.parametrize("seq, chunk", [(12, 4), (12, 12), (10, 4)])
-def test_chunked_causal_attention_matches_numpy_and_the_full_square(seq, chunk):
+@pytest.mark.parametrize("seq, chunk, blocks", [(12, 4, 3), (12, 12, 1), (10, 4, 2), (11, 4, 1), (64, 2, 16)])
+def test_chunked_causal_attention_matches_numpy_and_the_full_square(seq, chunk, blocks):
     """Query blocks that see only the keys up to their own end (`model.attention_chunk`) give NumPy's causal
-    attention, and the gradients of a plain masked-square jnp attention; 10 % 4 != 0 and chunk = seq take the
-    square."""
+    attention, and the gradients of a plain masked-square jnp attention. Blocks are equal: 10 tokens at chunk 4
+    go in 2 blocks of 5, 11 (prime) in one; at most 16 blocks."""
     rng = np.random.default_rng(3)
     q, k, v = (rng.standard_normal((2, seq, n, 8)) for n in (4, 2, 2))
     g = rng.standard_normal((2, seq, 4, 8))
@@ -460,4 +460,4 @@ def test_chunked_causal_attention_matches_numpy_and_the_full_square(seq, chunk):
     _, vjp_ref = jax.vjp(square, *args)
     for got, want in zip(vjp(jnp.asarray(g, jnp.float32)), vjp_ref(jnp.asarray(g, jnp.float32))):
         assert rel(got, want) < TOL
-    assert attention_chunks(seq, chunk) == (3 if (seq, chunk) == (12, 4) else 1)
+    assert attention_chunks(seq, chunk) == blocks

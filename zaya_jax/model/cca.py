@@ -51,9 +51,18 @@ def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
     return x32 * (scale / jnp.maximum(norm, eps))
 
 
+MAX_ATTENTION_BLOCKS = 16  # each block is its own ops in the program: longer sequences get longer blocks
+
+
 def attention_chunks(seq_len: int, chunk: int) -> int:
-    """Query blocks `causal_attention` splits a length-`seq_len` sequence into (1 = the whole square)."""
-    return seq_len // chunk if 0 < chunk < seq_len and seq_len % chunk == 0 else 1
+    """Equal query blocks `causal_attention` splits a length-`seq_len` sequence into (1 = the whole square):
+    the most, up to seq_len // chunk and MAX_ATTENTION_BLOCKS, that divide seq_len."""
+    if not 0 < chunk < seq_len:
+        return 1
+    n = min(seq_len // chunk, MAX_ATTENTION_BLOCKS)
+    while seq_len % n:
+        n -= 1
+    return n
 
 
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array) -> jax.Array:
@@ -79,7 +88,7 @@ def causal_attention(
     q: [B, Sq, n_q, d] fp32, k: [B, Sk, n_kv, d] fp32, v: [B, Sk, n_kv, d]; query i sits at absolute
     position q_offset + i and key j at position j. Returns [B, Sq, n_q, d] in `dtype`.
 
-    chunk > 0 (`model.attention_chunk`) splits the queries into `attention_chunks(Sq, chunk)` blocks, each
+    chunk > 0 (`model.attention_chunk`) splits the queries into `attention_chunks(Sq, chunk)` equal blocks, each
     attending only to the keys up to its own end: the S×S logits never exist at once and the fully masked
     blocks above the diagonal are not computed — (n + 1) / 2n of the square's FLOPs for n blocks instead of
     all of it. Each row's softmax still sees every key it may attend to, so the result is the same up to
