@@ -35,7 +35,8 @@ cpu_devices.define_flag(8)
 _CKPT = flags.DEFINE_string("checkpoint", None, "Training checkpoint directory (…/checkpoints).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: newest).")
 _DEVICES = flags.DEFINE_integer("devices", 8, "Row blocks = devices of the expert-parallel layout.")
-_BATCHES = flags.DEFINE_integer("batches", 4, "Training batches (global batch size of the checkpoint config).")
+_BATCHES = flags.DEFINE_integer("batches", 4, "Training batches to route.")
+_ROWS = flags.DEFINE_integer("rows", 0, "Sequences per batch (0 = the global batch size of the checkpoint config).")
 _FACTORS = flags.DEFINE_list("capacity_factors", ["2", "2.5", "3", "4"], "Capacity factors to evaluate.")
 _OUT = flags.DEFINE_string("out", None, "JSON output path.")
 flags.mark_flags_as_required(["checkpoint", "out"])
@@ -87,7 +88,7 @@ def main(argv):
 
     router.choose = recording_choose
     config, model = load_model(_CKPT.value, step=_STEP.value, overrides={"dispatch": "dense"})
-    experts, batch = config.model.num_experts, config.train.global_batch_size
+    experts, batch = config.model.num_experts, _ROWS.value or config.train.global_batch_size
     factors = [float(f) for f in _FACTORS.value]
     train_iter, _, _ = make_iterators(config)
     results: dict[str, dict[str, list]] = {}
