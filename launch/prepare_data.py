@@ -37,9 +37,7 @@ def main(argv: list[str]) -> None:
     del argv
     from zaya_jax.data import corpus, prepare
 
-    inputs = [part for spec in FLAGS.input for part in spec.split(",") if part]
-    if inputs == ["default"]:
-        inputs = corpus.stdlib_files(FLAGS.default_corpus_max_bytes)
+    inputs = corpus.input_files(FLAGS.input, FLAGS.default_corpus_max_bytes)
     manifest = prepare.prepare(
         inputs,
         FLAGS.output,

@@ -27,9 +27,7 @@ def main(argv: list[str]) -> None:
     del argv
     from zaya_jax.data import bpe, corpus
 
-    inputs = [part for spec in FLAGS.input for part in spec.split(",") if part]
-    if inputs == ["default"]:
-        inputs = corpus.stdlib_files(FLAGS.default_corpus_max_bytes)
+    inputs = corpus.input_files(FLAGS.input, FLAGS.default_corpus_max_bytes)
     tok = bpe.train_bpe(inputs, FLAGS.vocab_size, FLAGS.output, text_key=FLAGS.text_key)
     print(f"{tok.path}: {tok.raw_vocab_size} ids (eos {tok.eos_id}, pad {tok.pad_id}, bos {tok.bos_id})")
 

@@ -66,6 +66,13 @@ def stdlib_files(max_bytes: int = DEFAULT_MAX_BYTES, root: str | None = None) ->
     return files
 
 
+def input_files(specs: list[str], max_bytes: int = DEFAULT_MAX_BYTES) -> list[str]:
+    """Input specs of the data launchers (each may be comma-separated) -> inputs; `["default"]` is the embedded
+    corpus (the standard-library files, up to `max_bytes`)."""
+    inputs = [part for spec in specs for part in spec.split(",") if part]
+    return stdlib_files(max_bytes) if inputs == ["default"] else inputs
+
+
 def default_corpus_dir(
     cache_dir: str, seq_len: int, tokenizer: "str | Tokenizer" = "byte", max_bytes: int = DEFAULT_MAX_BYTES
 ) -> str:
