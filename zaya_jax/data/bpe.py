@@ -58,7 +58,9 @@ def train_bpe(inputs: Sequence[str], vocab_size: int, output: str, text_key: str
     tok.train_from_iterator(_texts(files, text_key), trainer=trainer)
     if os.path.exists(path):
         existing = load_tokenizer(path)
-        if json.loads(tok.to_str()) != json.loads(existing._tok.to_str()):
+        with open(path, encoding="utf-8") as f:
+            same = json.loads(tok.to_str()) == json.load(f)
+        if not same:
             raise DataError(
                 f"{path} already holds a different tokenizer ({existing.raw_vocab_size} ids); pick another "
                 "--output (an existing tokenizer is never overwritten)"
