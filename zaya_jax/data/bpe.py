@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -24,11 +24,6 @@ from zaya_jax.data.tokenizer import DataError, HFTokenizer, load_tokenizer
 
 SPECIAL_TOKENS = ("<pad>", "<|endoftext|>", "<s>")
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte alphabet + specials
-
-
-def _texts(files: Sequence[str], text_key: str) -> Iterator[str]:
-    for _, text in iter_documents(files, text_key):
-        yield text
 
 
 def train_bpe(inputs: Sequence[str], vocab_size: int, output: str, text_key: str = "text") -> HFTokenizer:
@@ -55,17 +50,16 @@ def train_bpe(inputs: Sequence[str], vocab_size: int, output: str, text_key: str
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_texts(files, text_key), trainer=trainer)
+    tok.train_from_iterator((text for _, text in iter_documents(files, text_key)), trainer=trainer)
     if os.path.exists(path):
-        existing = load_tokenizer(path)
         with open(path, encoding="utf-8") as f:
             same = json.loads(tok.to_str()) == json.load(f)
         if not same:
             raise DataError(
-                f"{path} already holds a different tokenizer ({existing.raw_vocab_size} ids); pick another "
-                "--output (an existing tokenizer is never overwritten)"
+                f"{path} already holds a different tokenizer ({load_tokenizer(path).raw_vocab_size} ids); pick "
+                "another --output (an existing tokenizer is never overwritten)"
             )
-        return existing
+        return HFTokenizer(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp{os.getpid()}"
     tok.save(tmp)
