@@ -52,13 +52,15 @@ SETTINGS: dict[str, dict[str, dict]] = {
         "train": dict(seq_len=128, global_batch_size=8, steps=100),
         "optimizer": dict(warmup_steps=10),
     },
-    # 2 data × 4 expert; 2 sequences (512 tokens) per device: even with perfectly balanced global loads,
-    # per-device content variation overflows a 2x capacity by up to 1.6% (benchmarks/balancing/README.md);
-    # 3x keeps it under 0.1%. Step 0 is saved as the baseline for `launch.eval`.
+    # 2 data × 4 expert; 4 sequences (1024 tokens) per device. The load CV of one step's batch cannot go much
+    # below what its sequences' content allows: 16 sequences per step left the last MoE layer at ≈ 0.3, 32
+    # leave every layer ≈ 0.2 (benchmarks/balancing/README.md). Per-device content variation overflows a 2x
+    # capacity even with balanced global loads; 3x keeps drops well under 1%. Step 0 is saved as the
+    # baseline for `launch.eval`.
     "demo": {
         "model": dict(rope_theta=10_000.0, dispatch="ep", capacity_factor=3.0),
         "mesh": dict(data=2, expert=4),
-        "train": dict(seq_len=256, global_batch_size=16, steps=200, log_every=10, eval_every=100, eval_batches=4),
+        "train": dict(seq_len=256, global_batch_size=32, steps=200, log_every=10, eval_every=100, eval_batches=4),
         "optimizer": dict(learning_rate=0.02, adam_learning_rate=3e-3, warmup_steps=20, weight_decay=0.01),
         "checkpoint": dict(save_initial=True),
     },
