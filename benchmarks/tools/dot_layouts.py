@@ -7,22 +7,12 @@ Prints GFLOP/s (best of 10 after a warm-up, one jitted dot each) for f32, bf16 â
 (`preferred_element_type`), and the two transposed-operand forms with f32 output.
 """
 
-import time
-
 import jax
 import jax.numpy as jnp
 
+from zaya_jax.bench.common import time_fn
+
 F32 = jnp.float32
-
-
-def best_seconds(f, *args, trials: int = 10) -> float:
-    f(*args).block_until_ready()
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        f(*args).block_until_ready()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def main() -> None:
@@ -40,7 +30,7 @@ def main() -> None:
             "bf16->f32 x^T@g": (lambda a, b: jnp.matmul(a.T, b, preferred_element_type=F32), xb, gb),
         }
         flop = 2 * m * k * n / 1e9
-        rates = {name: flop / best_seconds(jax.jit(f), a, b) for name, (f, a, b) in cases.items()}
+        rates = {name: flop / time_fn(jax.jit(f), a, b, warmup=1, trials=10).min for name, (f, a, b) in cases.items()}
         print(f"{m}x{k}x{n}: " + "  ".join(f"{name} {r:.0f}" for name, r in rates.items()) + " GFLOP/s")
 
 
