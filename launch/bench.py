@@ -202,8 +202,9 @@ def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str) -> list[dict]:
     if f.separate_runs and not f.train_side:
         rows = train.pool_rounds(config, _separate_train_runs(f, dtype, out))
         notes.append(
-            f"each side ran alone in its own process, {f.separate_runs} rounds alternating "
-            "zaya_jax / transformers (`--separate_runs`); step times pooled over the rounds"
+            f"each side ran alone in its own process, {f.separate_runs} rounds"
+            + (" alternating zaya_jax / transformers" if f.reference else "")
+            + " (`--separate_runs`); step times pooled over the rounds"
         )
     return train.run(
         out,
@@ -227,9 +228,11 @@ def _separate_train_runs(f: flags.FlagValues, dtype: str, out_dir: str) -> list[
     import os
     import subprocess
 
+    from zaya_jax.bench import train
+
     rounds = []
     for r in range(f.separate_runs):
-        for side in ("zaya_jax", "transformers"):
+        for side in train.SIDES if f.reference else ("zaya_jax",):
             out = os.path.join(out_dir, "runs", f"{r}_{side}")
             cmd = [sys.executable, *sys.orig_argv[1:], f"--train_side={side}", f"--out={out}", f"--dtype={dtype}"]
             print(f"train: round {r} {side} ({dtype}): {' '.join(cmd[1:])}", flush=True)

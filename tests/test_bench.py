@@ -109,6 +109,20 @@ def test_quick_collectives_cli(tmp_path):
     assert "cpu_model" in md and "![collectives.png](collectives.png)" in md
 
 
+def test_quick_train_cli_without_reference_runs_only_our_side(tmp_path):
+    """`--reference=false` with separate runs: one fresh process per round for our side, none for transformers."""
+    out = tmp_path / "train"
+    cmd = ["--suite=train", "--quick", "--reference=false", "--separate_runs=1", "--dtype=float32", f"--out={out}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.bench", *cmd], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(out / "runs")) == ["0_zaya_jax"]
+    assert "round 0 zaya_jax" in proc.stdout and "transformers (float32)" not in proc.stdout
+    impls = [r["impl"] for r in common.read_csv(str(out / "train.csv"))]
+    assert "zaya_jax" in impls and "transformers" not in impls
+
+
 def test_gemm_tiny_run(tmp_path):
     rows = gemm.run(
         str(tmp_path),

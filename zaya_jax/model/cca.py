@@ -34,9 +34,10 @@ def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Arra
     n_groups, d = w2.shape[1], w2.shape[2]
     dt = c_padded.dtype
     len_y = c_padded.shape[1] - k0 + 1
-    y = layers.lead(b1, 3) + sum(
-        c_padded[:, tau : tau + len_y] * layers.lead(w1[tau], 3) for tau in range(k0)
-    )  # [B, S + k1 - 1, C]
+    # y = b1 + Σ_τ c[τ] ⊙ w1[τ]: [B, S + k1 - 1, C], each op rounded to the compute dtype as before, but the
+    # products and the bias add in fp32, so the tap and bias gradients are fp32 sums over the tokens
+    taps = sum(layers.rounded_product(c_padded[:, tau : tau + len_y], layers.lead(w1[tau], 3), dt) for tau in range(k0))
+    y = (layers.lead(b1, 3).astype(jnp.float32) + taps.astype(jnp.float32)).astype(dt)
     seq = len_y - k1 + 1
     b = y.shape[0]
     y = y.reshape(b, -1, n_groups, d).transpose(2, 0, 1, 3)  # [G_c, B, S + k1 - 1, d]: groups lead (batch dim)

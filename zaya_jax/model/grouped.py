@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from zaya_jax.model import layers
+
 SMALL, BIG = 16, 256  # row granularity (waste < SMALL rows per expert) and the largest chunk
 
 
@@ -84,6 +86,12 @@ def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax
     return _forward(xs, starts, sizes, w_in, w_out)[0]
 
 
+def _t(a: jax.Array, dt) -> jax.Array:
+    """aᵀ for a backward GEMM operand: a row-major copy in bf16 (XLA:CPU's fast bf16 GEMMs need the forward
+    layout, see `layers.transposed`), a plain transpose in fp32 (which runs at full rate either way)."""
+    return layers.transposed(a.astype(dt)) if dt == jnp.bfloat16 else a.T
+
+
 def _fwd(xs, starts, sizes, w_in, w_out):
     ys, gu_all = _forward(xs, starts, sizes, w_in, w_out)
     return ys, (xs, gu_all, starts, sizes, w_in, w_out)
@@ -95,8 +103,8 @@ def _bwd(res, dys):
 
     def expert(dxs, per_expert):
         w_in_e, w_out_e, start, n = per_expert
-        wi, wo = w_in_e.astype(dt), w_out_e.astype(dt)
-        acc = (dxs, jnp.zeros(wi.shape, jnp.float32), jnp.zeros(wo.shape, jnp.float32))
+        wi_t, wo_t = _t(w_in_e, dt), _t(w_out_e, dt)  # [2I, H], [H, I]
+        acc = (dxs, jnp.zeros(w_in_e.shape, jnp.float32), jnp.zeros(w_out_e.shape, jnp.float32))
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
             def chunk(j, c, size=size, offset=offset):
@@ -109,11 +117,11 @@ def _bwd(res, dys):
                 g, u = jnp.split(gu, 2, axis=-1)
                 dy = jnp.where(valid, jax.lax.dynamic_slice(dys, at, (size, h)), 0)
                 act, sig = _silu_parts(g)
-                acc_out = acc_out + _mm((act * u).T, dy, dt)
-                da = _mm(dy, wo.T, dt)
+                acc_out = acc_out + _mm(_t(act * u, dt), dy, dt)
+                da = _mm(dy, wo_t, dt)
                 dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
-                acc_in = acc_in + _mm(x.T, dgu, dt)
-                dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi.T, dt).astype(dxs.dtype), at)
+                acc_in = acc_in + _mm(_t(x, dt), dgu, dt)
+                dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi_t, dt).astype(dxs.dtype), at)
                 return dxs, acc_in, acc_out
 
             acc = jax.lax.fori_loop(0, count, chunk, acc)

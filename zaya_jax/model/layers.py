@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
+from jax.experimental.layout import Layout, with_layout_constraint
 
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 
@@ -118,12 +119,31 @@ def _mixed_einsum_bwd(spec, res, g):
     inputs, out = spec.split("->")
     sa, sb = inputs.split(",")
     g = g.astype(a.dtype)
+    if spec == TOKEN_MATMUL and a.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
+        da = jnp.matmul(g, transposed(b), preferred_element_type=jnp.float32).astype(a.dtype)
+        db = jnp.matmul(transposed(a), g, preferred_element_type=jnp.float32).astype(b.dtype)
+        return _like(da, a), _like(db, b)
     da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32).astype(a.dtype)
     if spec == TOKEN_MATMUL:
         db = weight_grad(a, g).astype(b.dtype)
     else:
         db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32).astype(b.dtype)
     return _like(da, a), _like(db, b)
+
+
+def transposed(x: jax.Array) -> jax.Array:
+    """xᵀ of a 2-D array as a row-major copy, for an operand that a GEMM must read in the forward layout.
+
+    XLA:CPU runs a bf16 GEMM on its fast path (AMX/AVX-512 bf16) only when the lhs contracts its minor axis and
+    the rhs its major axis; a transposed operand (`g·Wᵀ`, `xᵀ·g`) is otherwise upcast and runs at the fp32
+    rate (benchmarks/README.md, "bf16 GEMM layouts"). Pinning both x and xᵀ to row-major layouts makes XLA
+    materialise x (a cheap copy out of the layer scan's stacked residuals) and then transpose it with its fast
+    transpose emitter, instead of folding the transpose into the GEMM or into the scan's dynamic slice."""
+    return row_major(row_major(x).T)
+
+
+def row_major(x: jax.Array) -> jax.Array:
+    return with_layout_constraint(x, Layout(major_to_minor=tuple(range(x.ndim))))
 
 
 def _like(cotangent: jax.Array, primal: jax.Array) -> jax.Array:
@@ -155,7 +175,17 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float, dtype) -> jax.Array:
     """`w ⊙ cast(x · rsqrt(mean(x²) + eps))` with fp32 statistics (§4). x: [..., D] → [..., D] in `dtype`."""
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return lead(weight.astype(dtype), normed.ndim) * normed.astype(dtype)
+    return rounded_product(lead(weight, normed.ndim), normed, dtype)
+
+
+def rounded_product(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """`cast(a, dtype) ⊙ cast(b, dtype)` in `dtype`, formed in fp32 and rounded once.
+
+    The same values as multiplying in `dtype` (a product of two bf16 numbers is exact in fp32), but the
+    gradient of a broadcast operand (a norm scale, a conv tap: a sum over every token) is reduced in fp32
+    rather than in bf16, which is both more accurate and, on XLA:CPU, much faster."""
+    rounded = lambda v: v.astype(dtype).astype(jnp.float32)  # noqa: E731
+    return (rounded(a) * rounded(b)).astype(dtype)
 
 
 class RMSNorm(nnx.Module):
