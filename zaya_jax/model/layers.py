@@ -132,14 +132,14 @@ def _mixed_einsum_bwd(spec, res, g):
 
 
 def transposed(x: jax.Array) -> jax.Array:
-    """xᵀ of a 2-D array as a row-major copy, for an operand that a GEMM must read in the forward layout.
+    """xᵀ (the last two axes swapped) as a row-major copy, for an operand a GEMM must read in the forward layout.
 
     XLA:CPU runs a bf16 GEMM on its fast path (AMX/AVX-512 bf16) only when the lhs contracts its minor axis and
     the rhs its major axis; a transposed operand (`g·Wᵀ`, `xᵀ·g`) is otherwise upcast and runs at the fp32
     rate (benchmarks/README.md, "bf16 GEMM layouts"). Pinning both x and xᵀ to row-major layouts makes XLA
     materialise x (a cheap copy out of the layer scan's stacked residuals) and then transpose it with its fast
     transpose emitter, instead of folding the transpose into the GEMM or into the scan's dynamic slice."""
-    return row_major(row_major(x).T)
+    return row_major(jnp.swapaxes(row_major(x), -1, -2))
 
 
 def row_major(x: jax.Array) -> jax.Array:
