@@ -130,6 +130,17 @@ def test_balance_warnings_name_layer_and_fix():
     assert monitor(patience=0).update(10, bad_cv) == []  # 0 = off
 
 
+def test_balance_warning_waits_while_the_cv_is_still_falling():
+    """The start of a run: a CV that halves over every window of `patience` logged steps is the controller at
+    work, not a fault (the demo goes 2.6 → 0.6 in its first 100 steps); once a window does not halve, it warns."""
+    mon = monitor(patience=3)
+    falling = [2.6, 1.6, 1.2, 0.78, 0.58]  # each value ≤ half the value two logs earlier, from the third on
+    assert [mon.update(10 * (k + 1), {"load_cv": [v]}) for k, v in enumerate(falling)] == [[]] * 5
+    (msg,) = mon.update(60, {"load_cv": [0.57]})  # window 0.78, 0.58, 0.57: not halved
+    assert msg.startswith("layer 0: expert-load CV 0.57 > 0.5 for 3 logged steps (steps 40–60)")
+    assert mon.update(70, {"load_cv": [0.57]}) == []  # once per streak
+
+
 def test_progress_fields_show_worst_layer():
     fields = health.progress_fields({"loss": 1.23456, "load_cv": [0.2, 1.5, 0.3]}, 12345.6)
     assert fields == {"loss": "1.235", "tok/s": "12,346", "worst CV": "1.50@L1"}

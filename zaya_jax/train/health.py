@@ -30,9 +30,14 @@ def progress_fields(row: dict[str, Any], tokens_per_s: float) -> dict[str, str]:
     return fields
 
 
+FALLING = 0.5  # a value that at least halved over the last `patience` logged steps is converging: no warning
+
+
 class BalanceMonitor:
     """Warns when a layer's load CV stays above `cv` or its dropped fraction above `dropped` for `patience`
-    consecutive logged steps. One warning per layer and kind per streak; a recovered layer re-arms.
+    consecutive logged steps without falling to half its value at the start of that window (early in training
+    the CV starts at 2–3 and the controller brings it down over ~100 steps: that is not a fault). One warning per
+    layer and kind per streak; a recovered layer re-arms.
 
     cfg: `config.balancing` (warn_cv, warn_dropped, warn_patience; warn_patience 0 = off); model: `config.model`
     (its dispatch and capacity factor go into the advice).
@@ -42,7 +47,7 @@ class BalanceMonitor:
         self.cv, self.dropped, self.patience = float(cfg.warn_cv), float(cfg.warn_dropped), int(cfg.warn_patience)
         self.enabled = bool(cfg.enabled)
         self.dispatch, self.capacity_factor = model.dispatch, model.capacity_factor
-        self._streak: dict[tuple[str, int], list[int]] = {}
+        self._streak: dict[tuple[str, int], list[tuple[int, float]]] = {}  # (step, value) above the limit
 
     def _advice(self, kind: str) -> str:
         if kind == "cv":
@@ -70,12 +75,14 @@ class BalanceMonitor:
                 if v <= limit:
                     streak.clear()
                     continue
-                streak.append(step)
-                if len(streak) == self.patience:
+                streak.append((step, float(v)))
+                if len(streak) == self.patience and v <= FALLING * streak[0][1]:
+                    streak.pop(0)  # still converging: slide the window instead of warning
+                elif len(streak) == self.patience:
                     what = "expert-load CV" if kind == "cv" else "dropped fraction"
                     out.append(
                         f"layer {layer}: {what} {v:.3g} > {limit:g} for {self.patience} logged steps "
-                        f"(steps {streak[0]}–{step}): {self._advice(kind)}"
+                        f"(steps {streak[0][0]}–{step}): {self._advice(kind)}"
                     )
         return out
 
