@@ -103,7 +103,11 @@ def _bwd(res, dys):
 
     def expert(dxs, per_expert):
         w_in_e, w_out_e, start, n = per_expert
-        wi_t, wo_t = _t(w_in_e, dt), _t(w_out_e, dt)  # [2I, H], [H, I]
+        # W_inᵀ [2I, H], W_outᵀ [H, I]: in bf16 forward-layout copies made once per expert; in fp32 transposed
+        # inside the chunk loop, where XLA folds the transpose into the GEMM (a copy hoisted out of the loop
+        # would be a slow strided one, taken from the layer's expert slice)
+        bf16 = dt == jnp.bfloat16
+        wi_t, wo_t = (_t(w_in_e, dt), _t(w_out_e, dt)) if bf16 else (None, None)
         acc = (dxs, jnp.zeros(w_in_e.shape, jnp.float32), jnp.zeros(w_out_e.shape, jnp.float32))
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
@@ -118,10 +122,10 @@ def _bwd(res, dys):
                 dy = jnp.where(valid, jax.lax.dynamic_slice(dys, at, (size, h)), 0)
                 act, sig = _silu_parts(g)
                 acc_out = acc_out + _mm(_t(act * u, dt), dy, dt)
-                da = _mm(dy, wo_t, dt)
+                da = _mm(dy, wo_t if bf16 else w_out_e.T, dt)
                 dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
                 acc_in = acc_in + _mm(_t(x, dt), dgu, dt)
-                dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi_t, dt).astype(dxs.dtype), at)
+                dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi_t if bf16 else w_in_e.T, dt).astype(dxs.dtype), at)
                 return dxs, acc_in, acc_out
 
             acc = jax.lax.fori_loop(0, count, chunk, acc)
