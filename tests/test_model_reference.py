@@ -421,8 +421,8 @@ def test_scan_equals_unrolled_loop_and_numpy(skip_output):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("tokens", [6, 7])
 def test_mm_gradients_match_numpy(dtype, tokens):
-    """`layers.mm` on [B, S, K] (flattened to one token axis) and its weight gradient (one contraction in fp32,
-    a split token axis in bf16; odd token counts take the single contraction) against NumPy in float64."""
+    """`layers.mm` on [B, S, K] (flattened to one token axis) and its input and weight gradients (in bf16 on CPU
+    read from forward-layout copies; even and odd token counts) against NumPy in float64."""
     rng = np.random.default_rng(0)
     dt = jnp.dtype(dtype)
     x = jnp.asarray(rng.normal(size=(1, tokens, 5)), dt)

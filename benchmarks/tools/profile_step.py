@@ -23,9 +23,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import jax  # noqa: E402
+from step_times import warmed_trainer  # noqa: E402  (this folder: scripts run from it)
 
-from zaya_jax.bench.train import JaxTrainer, bench_config, make_batches  # noqa: E402
-from zaya_jax.config import load_config  # noqa: E402
 from zaya_jax.train.step import BATCH_KEYS  # noqa: E402
 
 STEPS = 3
@@ -38,11 +37,7 @@ def kind(op: str) -> str:
 
 
 def main(dtype: str = "float32", config_path: str = "experiments/zaya1_100m.py", out: str = "/tmp/profile_step"):
-    cfg = bench_config(load_config(config_path), dtype=None if dtype == "float32" else dtype)
-    trainer = JaxTrainer(cfg)
-    batches = make_batches(cfg.model.vocab_size, cfg.train.global_batch_size, cfg.train.seq_len, STEPS + 2)
-    for b in batches[:2]:
-        trainer.timed_step(b)  # compile + warm up
+    trainer, batches = warmed_trainer(dtype, config_path, STEPS)
     with jax.profiler.trace(out, create_perfetto_trace=True):
         seconds = [trainer.timed_step(b)[1] for b in batches[2:]]
     batch = trainer.batch(batches[0])

@@ -24,12 +24,19 @@ from zaya_jax.bench.train import JaxTrainer, bench_config, make_batches  # noqa:
 from zaya_jax.config import load_config  # noqa: E402
 
 
-def main(dtype: str = "float32", config_path: str = "experiments/zaya1_100m.py", steps: str = "6") -> None:
+def warmed_trainer(dtype: str, config_path: str, steps: int) -> tuple[JaxTrainer, list]:
+    """The bench step's trainer, compiled and warmed up on two batches, and steps + 2 batches (the first two
+    used for the warm-up)."""
     cfg = bench_config(load_config(config_path), dtype=None if dtype == "float32" else dtype)
     trainer = JaxTrainer(cfg)
-    batches = make_batches(cfg.model.vocab_size, cfg.train.global_batch_size, cfg.train.seq_len, int(steps) + 2)
+    batches = make_batches(cfg.model.vocab_size, cfg.train.global_batch_size, cfg.train.seq_len, steps + 2)
     for b in batches[:2]:
-        trainer.timed_step(b)  # compile + warm up
+        trainer.timed_step(b)
+    return trainer, batches
+
+
+def main(dtype: str = "float32", config_path: str = "experiments/zaya1_100m.py", steps: str = "6") -> None:
+    trainer, batches = warmed_trainer(dtype, config_path, int(steps))
     times = []
     for b in batches[2:]:
         before = resource.getrusage(resource.RUSAGE_SELF)

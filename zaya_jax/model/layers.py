@@ -70,17 +70,26 @@ TOKEN_MATMUL = "tk,kn->tn"
 def weight_grad(a: jax.Array, g: jax.Array) -> jax.Array:
     """Σ_t a[t]ᵀ g[t]: a [..., K], g [..., N] (same dtype) → [K, N] fp32, the weight gradient of `a @ w`.
 
-    With one token axis T the two spellings below are one GEMM on a GPU. On XLA:CPU they differ
-    (benchmarks/README.md, "Flat token axis"): fp32 runs best as one contraction over T (no copy); bf16 only
-    reaches the fast bf16 GEMM when the contraction spans two axes, which makes XLA copy `a` into a layout
-    with the token axis minor first. Several leading axes (see `flat_tokens_are_local`) contract as they are."""
+    One contraction over the token axis (no copy: fp32 runs best so on XLA:CPU, benchmarks/README.md, "Flat token
+    axis"), except bf16 on XLA:CPU, which reads aᵀ from a forward-layout copy (`transposed`). Several leading
+    axes (see `flat_tokens_are_local`) contract as they are."""
     if a.ndim > 2:
         return jnp.einsum("...k,...n->kn", a, g, preferred_element_type=jnp.float32)
-    t = a.shape[0]
-    if a.dtype == jnp.float32 or t % 2:
-        return jnp.einsum("tk,tn->kn", a, g, preferred_element_type=jnp.float32)
-    split = lambda x: x.reshape(2, t // 2, x.shape[1])  # noqa: E731
-    return jnp.einsum("htk,htn->kn", split(a), split(g), preferred_element_type=jnp.float32)
+    if _bf16_on_cpu(a):
+        return jnp.matmul(transposed(a), g, preferred_element_type=jnp.float32)
+    return jnp.einsum("tk,tn->kn", a, g, preferred_element_type=jnp.float32)
+
+
+def input_grad(g: jax.Array, w: jax.Array) -> jax.Array:
+    """g·wᵀ: g [T, N], w [K, N] (same dtype) → [T, K] fp32, the input gradient of `x @ w`; bf16 on XLA:CPU reads
+    wᵀ from a forward-layout copy (`transposed`)."""
+    if _bf16_on_cpu(w):
+        return jnp.matmul(g, transposed(w), preferred_element_type=jnp.float32)
+    return jnp.einsum("tn,kn->tk", g, w, preferred_element_type=jnp.float32)
+
+
+def _bf16_on_cpu(x: jax.Array) -> bool:
+    return x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
 
 
 def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
@@ -119,16 +128,12 @@ def _mixed_einsum_bwd(spec, res, g):
     inputs, out = spec.split("->")
     sa, sb = inputs.split(",")
     g = g.astype(a.dtype)
-    if spec == TOKEN_MATMUL and a.dtype == jnp.bfloat16 and jax.default_backend() == "cpu":
-        da = jnp.matmul(g, transposed(b), preferred_element_type=jnp.float32).astype(a.dtype)
-        db = jnp.matmul(transposed(a), g, preferred_element_type=jnp.float32).astype(b.dtype)
-        return _like(da, a), _like(db, b)
-    da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32).astype(a.dtype)
     if spec == TOKEN_MATMUL:
-        db = weight_grad(a, g).astype(b.dtype)
+        da, db = input_grad(g, b), weight_grad(a, g)
     else:
-        db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32).astype(b.dtype)
-    return _like(da, a), _like(db, b)
+        da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32)
+        db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32)
+    return _like(da.astype(a.dtype), a), _like(db.astype(b.dtype), b)
 
 
 def transposed(x: jax.Array) -> jax.Array:

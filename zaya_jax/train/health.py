@@ -76,14 +76,16 @@ class BalanceMonitor:
                     streak.clear()
                     continue
                 streak.append((step, float(v)))
-                if len(streak) == self.patience and v <= FALLING * streak[0][1]:
+                if len(streak) != self.patience:
+                    continue
+                if v <= FALLING * streak[0][1]:
                     streak.pop(0)  # still converging: slide the window instead of warning
-                elif len(streak) == self.patience:
-                    what = "expert-load CV" if kind == "cv" else "dropped fraction"
-                    out.append(
-                        f"layer {layer}: {what} {v:.3g} > {limit:g} for {self.patience} logged steps "
-                        f"(steps {streak[0][0]}–{step}): {self._advice(kind)}"
-                    )
+                    continue
+                what = "expert-load CV" if kind == "cv" else "dropped fraction"
+                out.append(
+                    f"layer {layer}: {what} {v:.3g} > {limit:g} for {self.patience} logged steps "
+                    f"(steps {streak[0][0]}–{step}): {self._advice(kind)}"
+                )
         return out
 
 
