@@ -500,3 +500,39 @@ def test_grouped_swiglu_bf16_gradients_match_numpy():
     assert ys.dtype == jnp.float32 and dx.dtype == jnp.bfloat16 and dwi.dtype == jnp.float32
     for got, ref in ((ys, ref_y), (dx, ref_dx), (dwi, ref_dwi), (dwo, ref_dwo)):
         assert rel(np.asarray(got, np.float64), ref) < 2e-2
+
+
+@pytest.mark.parametrize(
+    "spec, shape_a, shape_b",
+    [
+        ("gbti,gio->gbto", (3, 2, 5, 8), (3, 8, 8)),  # the CCA grouped conv
+        ("bqkgd,bskd->bkgqs", (2, 5, 2, 2, 8), (2, 5, 2, 8)),  # attention logits
+        ("bkgqs,bskd->bqkgd", (2, 2, 2, 5, 5), (2, 5, 2, 8)),  # attention output
+    ],
+)
+def test_bf16_einsums_match_numpy_through_a_layer_scan(spec, shape_a, shape_b):
+    """`layers.einsum` in bf16 inside a scan over two layers (operands permuted into the GEMM layout, residuals
+    stacked as bits on CPU) against float64 NumPy on the same bf16-rounded values: outputs and both gradients."""
+    rng = np.random.default_rng(11)
+    bf = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64)  # noqa: E731
+    a, b = bf(rng.normal(size=(2, *shape_a))), bf(rng.normal(size=(2, *shape_b)))
+    out_shape = jax.eval_shape(lambda x, y: jnp.einsum(spec, x, y), a[0], b[0]).shape
+    cot = bf(rng.normal(size=(2, *out_shape)))
+
+    def loss(a, b):
+        ys = jax.lax.scan(lambda c, ab: (c, layers.einsum(spec, ab[0], ab[1], jnp.bfloat16)), 0.0, (a, b))[1]
+        return jnp.sum(ys * jnp.asarray(cot, jnp.float32)), ys
+
+    (_, ys), (da, db) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
+        jnp.asarray(a, jnp.bfloat16), jnp.asarray(b, jnp.bfloat16)
+    )
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    stacked = lambda s: "L" + s  # noqa: E731  (the layer axis)
+    ref_y = np.einsum(f"{stacked(sa)},{stacked(sb)}->{stacked(out)}", a, b)
+    ref_da = np.einsum(f"{stacked(out)},{stacked(sb)}->{stacked(sa)}", cot, b)
+    ref_db = np.einsum(f"{stacked(sa)},{stacked(out)}->{stacked(sb)}", a, cot)
+    assert ys.dtype == jnp.float32 and da.dtype == db.dtype == jnp.bfloat16
+    assert rel(np.asarray(ys, np.float64), ref_y) < 1e-5
+    for got, ref in ((da, ref_da), (db, ref_db)):
+        assert rel(np.asarray(got, np.float64), ref) < 1e-2

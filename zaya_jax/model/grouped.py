@@ -50,7 +50,7 @@ def _forward(xs, starts, sizes, w_in, w_out):
     """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H] fp32, gate_up [Tp, 2I] in xs.dtype)."""
     h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
     ys = jnp.zeros(xs.shape, jnp.float32)
-    gu_all = jnp.zeros((xs.shape[0], two_i), dt)
+    gu_all = layers.as_bits(jnp.zeros((xs.shape[0], two_i), dt))
 
     def expert(e, carry):
         wi, wo, start, n = w_in[e].astype(dt), w_out[e].astype(dt), starts[e], sizes[e]
@@ -65,12 +65,13 @@ def _forward(xs, starts, sizes, w_in, w_out):
                 y = _mm(_silu_parts(g)[0] * u, wo, dt)
                 valid = (row + jnp.arange(size) < n)[:, None]
                 ys = jax.lax.dynamic_update_slice(ys, jnp.where(valid, y, 0).astype(ys.dtype), (start + row, 0))
-                return ys, jax.lax.dynamic_update_slice(gu_all, gu.astype(gu_all.dtype), (start + row, 0))
+                return ys, jax.lax.dynamic_update_slice(gu_all, layers.as_bits(gu.astype(dt)), (start + row, 0))
 
             carry = jax.lax.fori_loop(0, count, chunk, carry)
         return carry
 
-    return jax.lax.fori_loop(0, w_in.shape[0], expert, (ys, gu_all))
+    ys, gu_all = jax.lax.fori_loop(0, w_in.shape[0], expert, (ys, gu_all))
+    return ys, layers.from_bits(gu_all)
 
 
 @jax.custom_vjp
@@ -125,15 +126,16 @@ def _bwd(res, dys):
                 da = _mm(dy, wo_t if bf16 else w_out_e.T, dt)
                 dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
                 acc_in = acc_in + _mm(_t(x, dt), dgu, dt)
-                dxs = jax.lax.dynamic_update_slice(dxs, _mm(dgu, wi_t if bf16 else w_in_e.T, dt).astype(dxs.dtype), at)
+                dx = _mm(dgu, wi_t if bf16 else w_in_e.T, dt)
+                dxs = jax.lax.dynamic_update_slice(dxs, layers.as_bits(dx.astype(dt)), at)
                 return dxs, acc_in, acc_out
 
             acc = jax.lax.fori_loop(0, count, chunk, acc)
         dxs, acc_in, acc_out = acc
         return dxs, (acc_in.astype(w_in_e.dtype), acc_out.astype(w_out_e.dtype))
 
-    dxs, (dw_in, dw_out) = jax.lax.scan(expert, jnp.zeros_like(xs), (w_in, w_out, starts, sizes))
-    return dxs, None, None, dw_in, dw_out
+    dxs, (dw_in, dw_out) = jax.lax.scan(expert, layers.as_bits(jnp.zeros_like(xs)), (w_in, w_out, starts, sizes))
+    return layers.from_bits(dxs), None, None, dw_in, dw_out
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)

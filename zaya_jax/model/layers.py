@@ -88,6 +88,18 @@ def input_grad(g: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.einsum("tn,kn->tk", g, w, preferred_element_type=jnp.float32)
 
 
+def as_bits(x: jax.Array) -> jax.Array:
+    """bf16 on XLA:CPU as its uint16 bit pattern (anything else unchanged), for a buffer written or stacked
+    piecewise: XLA:CPU performs a bf16 dynamic-update-slice in fp32 on a converted copy of the whole buffer
+    (the layer scan's stacked residuals: an fp32 copy of every layer's, converted back slice by slice in the
+    backward loop); on integer bits the updates stay in place. `from_bits` undoes it."""
+    return jax.lax.bitcast_convert_type(x, jnp.uint16) if _bf16_on_cpu(x) else x
+
+
+def from_bits(x: jax.Array) -> jax.Array:
+    return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
+
+
 def _bf16_on_cpu(x: jax.Array) -> bool:
     return x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
 
@@ -114,25 +126,57 @@ def flat_tokens_are_local() -> bool:
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    return _einsum_f32(spec, a, b)
+
+
+def _einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """`jnp.einsum(spec, a, b)` with fp32 accumulation and result; bf16 on XLA:CPU as a GEMM in the forward
+    layout (`gemm_layout_einsum`), so it runs on the fast bf16 path instead of being upcast."""
+    if _bf16_on_cpu(a) and "." not in spec:
+        return gemm_layout_einsum(spec, a, b)
     return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
 
 
+def gemm_layout_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
+    """`einsum(spec, a, b)` (no ellipsis) as one batched GEMM [batch, M, K] · [batch, K, N] on row-major
+    operand copies, the only layout XLA:CPU's bf16 GEMM takes (`transposed`); fp32 result in `spec`'s order.
+
+    Batch indices (in a, b and the output) and free indices keep the output's order, so for the attention and
+    CCA-conv einsums only operands are permuted (a copy each where their order differs), never the result
+    of those einsums' forward passes."""
+    inputs, out = spec.split("->")
+    sa, sb = inputs.split(",")
+    batch = "".join(c for c in out if c in sa and c in sb)
+    free_a = "".join(c for c in out if c in sa and c not in sb)
+    free_b = "".join(c for c in out if c in sb and c not in sa)
+    contract = "".join(c for c in sa if c in sb and c not in out)
+    la, lb, lo = batch + free_a + contract, batch + contract + free_b, batch + free_a + free_b
+    y = jnp.einsum(f"{la},{lb}->{lo}", _permuted(a, sa, la), _permuted(b, sb, lb), preferred_element_type=jnp.float32)
+    return y if lo == out else jnp.transpose(y, [lo.index(c) for c in out])
+
+
+def _permuted(x: jax.Array, src: str, dst: str) -> jax.Array:
+    """x with axes `src` reordered to `dst`, as a row-major copy (see `transposed`); x itself when in order."""
+    if src == dst:
+        return x
+    return row_major(jnp.transpose(row_major(x), [src.index(c) for c in dst]))
+
+
 def _mixed_einsum_fwd(spec, a, b):
-    return _mixed_einsum(spec, a, b), (a, b)
+    return _mixed_einsum(spec, a, b), (as_bits(a), as_bits(b))
 
 
 def _mixed_einsum_bwd(spec, res, g):
     """da = g·b over the indices of a, db = a·g over those of b (every index of one operand appears in the other
     or in the output: no reduction over an operand-only index, true of every einsum in this model)."""
-    a, b = res
+    a, b = (from_bits(r) for r in res)
     inputs, out = spec.split("->")
     sa, sb = inputs.split(",")
     g = g.astype(a.dtype)
     if spec == TOKEN_MATMUL:
         da, db = input_grad(g, b), weight_grad(a, g)
     else:
-        da = jnp.einsum(f"{out},{sb}->{sa}", g, b, preferred_element_type=jnp.float32)
-        db = jnp.einsum(f"{sa},{out}->{sb}", a, g, preferred_element_type=jnp.float32)
+        da, db = _einsum_f32(f"{out},{sb}->{sa}", g, b), _einsum_f32(f"{sa},{out}->{sb}", a, g)
     return _like(da.astype(a.dtype), a), _like(db.astype(b.dtype), b)
 
 
