@@ -140,7 +140,9 @@ def train_step(
     Returns (new state, metrics)."""
     sums, grads, counts, dropped = loss_and_grads(graphdef, state.params, state.biases, batch, config)
     n = jnp.maximum(sums.tokens, 1.0)
-    grads = jax.tree.map(lambda g, p: (g / n).astype(p.dtype), grads, state.params)
+    # × 1/n, not ÷ n: XLA fuses a scalar multiply into each consumer (the optimizer's moment updates, the norm)
+    # but materialises an elementwise divide — on XLA:CPU two extra passes over every gradient
+    grads = jax.tree.map(lambda g, p: (g * (1.0 / n)).astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     biases, bal_state, metrics = balance_and_metrics(

@@ -234,7 +234,7 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
             values.update(unpack_slots(group.slots, full[0], shapes))
             values.update(unpack_flat(group.flat, full[1], shapes))
         n = jnp.maximum(sums.tokens, 1.0)
-        grads = fill(state.params, {k: v / n for k, v in values.items()})
+        grads = fill(state.params, {k: v * (1.0 / n) for k, v in values.items()})  # as in step.train_step
         return sums.ce / n, grads, counts, dropped
 
     out_grads = specs.params
