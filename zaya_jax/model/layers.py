@@ -71,21 +71,11 @@ def weight_grad(a: jax.Array, g: jax.Array) -> jax.Array:
     """Σ_t a[t]ᵀ g[t]: a [..., K], g [..., N] (same dtype) → [K, N] fp32, the weight gradient of `a @ w`.
 
     One contraction over the token axis (no copy: fp32 runs best so on XLA:CPU, benchmarks/README.md, "Flat token
-    axis"), except bf16 on XLA:CPU, which reads aᵀ from a forward-layout copy (`transposed`). Several leading
-    axes (see `flat_tokens_are_local`) contract as they are."""
+    axis"; bf16 on XLA:CPU reads aᵀ from a forward-layout copy, `gemm_layout_einsum`). Several leading axes (see
+    `flat_tokens_are_local`) contract as they are."""
     if a.ndim > 2:
         return jnp.einsum("...k,...n->kn", a, g, preferred_element_type=jnp.float32)
-    if _bf16_on_cpu(a):
-        return jnp.matmul(transposed(a), g, preferred_element_type=jnp.float32)
-    return jnp.einsum("tk,tn->kn", a, g, preferred_element_type=jnp.float32)
-
-
-def input_grad(g: jax.Array, w: jax.Array) -> jax.Array:
-    """g·wᵀ: g [T, N], w [K, N] (same dtype) → [T, K] fp32, the input gradient of `x @ w`; bf16 on XLA:CPU reads
-    wᵀ from a forward-layout copy (`transposed`)."""
-    if _bf16_on_cpu(w):
-        return jnp.matmul(g, transposed(w), preferred_element_type=jnp.float32)
-    return jnp.einsum("tn,kn->tk", g, w, preferred_element_type=jnp.float32)
+    return _einsum_f32("tk,tn->kn", a, g)
 
 
 def as_bits(x: jax.Array) -> jax.Array:
@@ -156,10 +146,8 @@ def gemm_layout_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
 
 
 def _permuted(x: jax.Array, src: str, dst: str) -> jax.Array:
-    """x with axes `src` reordered to `dst`, as a row-major copy (see `transposed`); x itself when in order."""
-    if src == dst:
-        return x
-    return row_major(jnp.transpose(row_major(x), [src.index(c) for c in dst]))
+    """x with axes `src` reordered to `dst` as a row-major copy (`permuted_copy`); x itself when in order."""
+    return x if src == dst else permuted_copy(x, [src.index(c) for c in dst])
 
 
 def _mixed_einsum_fwd(spec, a, b):
@@ -173,10 +161,7 @@ def _mixed_einsum_bwd(spec, res, g):
     inputs, out = spec.split("->")
     sa, sb = inputs.split(",")
     g = g.astype(a.dtype)
-    if spec == TOKEN_MATMUL:
-        da, db = input_grad(g, b), weight_grad(a, g)
-    else:
-        da, db = _einsum_f32(f"{out},{sb}->{sa}", g, b), _einsum_f32(f"{sa},{out}->{sb}", a, g)
+    da, db = _einsum_f32(f"{out},{sb}->{sa}", g, b), _einsum_f32(f"{sa},{out}->{sb}", a, g)
     return _like(da.astype(a.dtype), a), _like(db.astype(b.dtype), b)
 
 
@@ -188,7 +173,12 @@ def transposed(x: jax.Array) -> jax.Array:
     rate (benchmarks/README.md, "bf16 GEMM layouts"). Pinning both x and xᵀ to row-major layouts makes XLA
     materialise x (a cheap copy out of the layer scan's stacked residuals) and then transpose it with its fast
     transpose emitter, instead of folding the transpose into the GEMM or into the scan's dynamic slice."""
-    return row_major(jnp.swapaxes(row_major(x), -1, -2))
+    return permuted_copy(x, [*range(x.ndim - 2), x.ndim - 1, x.ndim - 2])
+
+
+def permuted_copy(x: jax.Array, perm: list[int]) -> jax.Array:
+    """`jnp.transpose(x, perm)` materialised as a row-major array from a row-major x (see `transposed`)."""
+    return row_major(jnp.transpose(row_major(x), perm))
 
 
 def row_major(x: jax.Array) -> jax.Array:

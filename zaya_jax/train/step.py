@@ -141,7 +141,7 @@ def train_step(
     sums, grads, counts, dropped = loss_and_grads(graphdef, state.params, state.biases, batch, config)
     n = jnp.maximum(sums.tokens, 1.0)
     # × 1/n, not ÷ n: XLA fuses a scalar multiply into each consumer (the optimizer's moment updates, the norm)
-    # but materialises an elementwise divide — on XLA:CPU two extra passes over every gradient
+    # but materialises an elementwise divide: on XLA:CPU its own pass over every gradient
     grads = jax.tree.map(lambda g, p: (g * (1.0 / n)).astype(p.dtype), grads, state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
