@@ -47,13 +47,17 @@ def _mm(a: jax.Array, b: jax.Array, dt) -> jax.Array:
 
 
 def _forward(xs, starts, sizes, w_in, w_out):
-    """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H] fp32, gate_up [Tp, 2I] in xs.dtype)."""
+    """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H] fp32, gate_up [Tp, 2I] in xs.dtype, as
+    `layers.as_bits`)."""
     h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
     ys = jnp.zeros(xs.shape, jnp.float32)
     gu_all = layers.as_bits(jnp.zeros((xs.shape[0], two_i), dt))
+    # the whole layer's weights cast at once (one pass XLA fuses with the layer scan's slice), then sliced; bf16
+    # as bits, or XLA:CPU would keep the cast weights in fp32 and cast each expert's slice again
+    w_in, w_out = layers.as_bits(w_in.astype(dt)), layers.as_bits(w_out.astype(dt))
 
     def expert(e, carry):
-        wi, wo, start, n = w_in[e].astype(dt), w_out[e].astype(dt), starts[e], sizes[e]
+        wi, wo, start, n = layers.from_bits(w_in[e]), layers.from_bits(w_out[e]), starts[e], sizes[e]
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
             def chunk(j, c, size=size, offset=offset):
@@ -70,8 +74,7 @@ def _forward(xs, starts, sizes, w_in, w_out):
             carry = jax.lax.fori_loop(0, count, chunk, carry)
         return carry
 
-    ys, gu_all = jax.lax.fori_loop(0, w_in.shape[0], expert, (ys, gu_all))
-    return ys, layers.from_bits(gu_all)
+    return jax.lax.fori_loop(0, w_in.shape[0], expert, (ys, gu_all))
 
 
 @jax.custom_vjp
@@ -94,22 +97,25 @@ def _t(a: jax.Array, dt) -> jax.Array:
 
 
 def _fwd(xs, starts, sizes, w_in, w_out):
-    ys, gu_all = _forward(xs, starts, sizes, w_in, w_out)
-    return ys, (xs, gu_all, starts, sizes, w_in, w_out)
+    # bf16 residuals as bits: the layer scan stacks them, and XLA:CPU would stack bf16 through fp32 copies
+    ys, gu_bits = _forward(xs, starts, sizes, w_in, w_out)
+    return ys, (layers.as_bits(xs), gu_bits, starts, sizes, w_in, w_out)
 
 
 def _bwd(res, dys):
-    xs, gu_all, starts, sizes, w_in, w_out = res
+    xs_bits, gu_bits, starts, sizes, w_in, w_out = res
+    xs, gu_all = layers.from_bits(xs_bits), layers.from_bits(gu_bits)
     h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
 
+    # W_inᵀ [E, 2I, H], W_outᵀ [E, H, I]: in bf16 one forward-layout copy of the whole layer (fused with its cast
+    # and the layer scan's slice), sliced per expert; in fp32 transposed inside the chunk loop, where XLA folds
+    # the transpose into the GEMM (a copy hoisted out of the loop would be a slow strided one)
+    bf16 = dt == jnp.bfloat16
+    w_dx, w_da = (layers.as_bits(_t(w_in, dt)), layers.as_bits(_t(w_out, dt))) if bf16 else (w_in, w_out)
+
     def expert(dxs, per_expert):
-        w_in_e, w_out_e, start, n = per_expert
-        # W_inᵀ [2I, H], W_outᵀ [H, I]: in bf16 forward-layout copies made once per expert; in fp32 transposed
-        # inside the chunk loop, where XLA folds the transpose into the GEMM (a copy hoisted out of the loop
-        # would be a slow strided one, taken from the layer's expert slice)
-        bf16 = dt == jnp.bfloat16
-        wi_t, wo_t = (_t(w_in_e, dt), _t(w_out_e, dt)) if bf16 else (None, None)
-        acc = (dxs, jnp.zeros(w_in_e.shape, jnp.float32), jnp.zeros(w_out_e.shape, jnp.float32))
+        wi, wo, start, n = layers.from_bits(per_expert[0]), layers.from_bits(per_expert[1]), *per_expert[2:]
+        acc = (dxs, jnp.zeros(w_in.shape[1:], jnp.float32), jnp.zeros(w_out.shape[1:], jnp.float32))
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
             def chunk(j, c, size=size, offset=offset):
@@ -123,18 +129,18 @@ def _bwd(res, dys):
                 dy = jnp.where(valid, jax.lax.dynamic_slice(dys, at, (size, h)), 0)
                 act, sig = _silu_parts(g)
                 acc_out = acc_out + _mm(_t(act * u, dt), dy, dt)
-                da = _mm(dy, wo_t if bf16 else w_out_e.T, dt)
+                da = _mm(dy, wo if bf16 else wo.T, dt)
                 dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
                 acc_in = acc_in + _mm(_t(x, dt), dgu, dt)
-                dx = _mm(dgu, wi_t if bf16 else w_in_e.T, dt)
+                dx = _mm(dgu, wi if bf16 else wi.T, dt)
                 dxs = jax.lax.dynamic_update_slice(dxs, layers.as_bits(dx.astype(dt)), at)
                 return dxs, acc_in, acc_out
 
             acc = jax.lax.fori_loop(0, count, chunk, acc)
         dxs, acc_in, acc_out = acc
-        return dxs, (acc_in.astype(w_in_e.dtype), acc_out.astype(w_out_e.dtype))
+        return dxs, (acc_in.astype(w_in.dtype), acc_out.astype(w_out.dtype))
 
-    dxs, (dw_in, dw_out) = jax.lax.scan(expert, layers.as_bits(jnp.zeros_like(xs)), (w_in, w_out, starts, sizes))
+    dxs, (dw_in, dw_out) = jax.lax.scan(expert, layers.as_bits(jnp.zeros_like(xs)), (w_dx, w_da, starts, sizes))
     return layers.from_bits(dxs), None, None, dw_in, dw_out
 
 
