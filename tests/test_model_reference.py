@@ -465,7 +465,9 @@ def test_chunked_causal_attention_matches_numpy_and_the_full_square(seq, chunk, 
 
 def test_grouped_swiglu_bf16_gradients_match_numpy():
     """The CPU grouped expert GEMMs in bf16 (backward operands copied into the forward layout, fp32 accumulation)
-    against a float64 NumPy SwiGLU per expert on the same bf16-rounded inputs: outputs and all three gradients."""
+    against a float64 NumPy SwiGLU per expert on the same bf16-rounded inputs: outputs and all three gradients.
+    The weights are layer-stacked (layer 1 of 2, as the layer scan passes them): the other layer's weights get a
+    zero gradient."""
     from zaya_jax.model.grouped import SMALL, grouped_swiglu
 
     rng = np.random.default_rng(7)
@@ -478,13 +480,17 @@ def test_grouped_swiglu_bf16_gradients_match_numpy():
     w_in, w_out = rng.normal(size=(e, h, 2 * i)) / 4, rng.normal(size=(e, i, h)) / 3
     cot = bf(rng.normal(size=(t + SMALL, h)))  # the backward casts the cotangent to bf16
 
+    other = lambda w: np.stack([rng.normal(size=w.shape), w])  # noqa: E731  (layer 0: unused weights)
+
     def loss(xs, w_in, w_out):
-        ys = grouped_swiglu(xs, jnp.asarray(starts), jnp.asarray(sizes), w_in, w_out)
+        ys = grouped_swiglu(xs, jnp.asarray(starts), jnp.asarray(sizes), w_in, w_out, jnp.int32(1))
         return jnp.sum(ys * jnp.asarray(cot, jnp.float32)), ys
 
-    (_, ys), (dx, dwi, dwo) = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(
-        jnp.asarray(xs, jnp.bfloat16), jnp.asarray(w_in, jnp.float32), jnp.asarray(w_out, jnp.float32)
+    (_, ys), (dx, dwi_all, dwo_all) = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(
+        jnp.asarray(xs, jnp.bfloat16), jnp.asarray(other(w_in), jnp.float32), jnp.asarray(other(w_out), jnp.float32)
     )
+    assert not np.any(np.asarray(dwi_all[0])) and not np.any(np.asarray(dwo_all[0]))
+    dwi, dwo = dwi_all[1], dwo_all[1]
     ref_y, ref_dx = np.zeros_like(xs), np.zeros_like(xs)
     ref_dwi, ref_dwo = np.zeros((e, h, 2 * i)), np.zeros((e, i, h))
     for k in range(e):

@@ -46,18 +46,21 @@ def _mm(a: jax.Array, b: jax.Array, dt) -> jax.Array:
     return jnp.matmul(a.astype(dt), b.astype(dt), preferred_element_type=jnp.float32)
 
 
-def _forward(xs, starts, sizes, w_in, w_out):
+def _expert(w: jax.Array, layer: jax.Array, e: jax.Array) -> jax.Array:
+    """w[layer, e] of a layer-stacked expert weight [L, E, ...]: one slice (a copy on XLA:CPU) of one expert."""
+    return jax.lax.dynamic_slice(w, (layer, e, *(0,) * (w.ndim - 2)), (1, 1, *w.shape[2:]))[0, 0]
+
+
+def _forward(xs, starts, sizes, w_in, w_out, layer):
     """xs [Tp, H] sorted (Tp ≥ T + SMALL), starts/sizes [E] → (ys [Tp, H] fp32, gate_up [Tp, 2I] in xs.dtype, as
     `layers.as_bits`)."""
-    h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
+    h, two_i, dt = w_in.shape[2], w_in.shape[3], xs.dtype
     ys = jnp.zeros(xs.shape, jnp.float32)
     gu_all = layers.as_bits(jnp.zeros((xs.shape[0], two_i), dt))
-    # the whole layer's weights cast at once (one pass XLA fuses with the layer scan's slice), then sliced; bf16
-    # as bits, or XLA:CPU would keep the cast weights in fp32 and cast each expert's slice again
-    w_in, w_out = layers.as_bits(w_in.astype(dt)), layers.as_bits(w_out.astype(dt))
 
     def expert(e, carry):
-        wi, wo, start, n = layers.from_bits(w_in[e]), layers.from_bits(w_out[e]), starts[e], sizes[e]
+        wi, wo = _expert(w_in, layer, e).astype(dt), _expert(w_out, layer, e).astype(dt)
+        start, n = starts[e], sizes[e]
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
             def chunk(j, c, size=size, offset=offset):
@@ -74,20 +77,26 @@ def _forward(xs, starts, sizes, w_in, w_out):
             carry = jax.lax.fori_loop(0, count, chunk, carry)
         return carry
 
-    return jax.lax.fori_loop(0, w_in.shape[0], expert, (ys, gu_all))
+    return jax.lax.fori_loop(0, w_in.shape[1], expert, (ys, gu_all))
 
 
 @jax.custom_vjp
-def grouped_swiglu(xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
-    """Per-expert SwiGLU on an expert-sorted buffer.
+def grouped_swiglu(
+    xs: jax.Array, starts: jax.Array, sizes: jax.Array, w_in: jax.Array, w_out: jax.Array, layer: jax.Array
+) -> jax.Array:
+    """Per-expert SwiGLU on an expert-sorted buffer, with the experts of layer `layer` of layer-stacked weights.
 
     xs: [Tp, H] rows sorted by expert, with at least SMALL zero rows of padding after the last group;
-    starts, sizes: [E] int32 (rows of expert e: [starts[e], starts[e] + sizes[e])); w_in: [E, H, 2I]
-    (gate | up); w_out: [E, I, H], any dtype (the weight gradients come back in it). Returns ys [Tp, H] fp32:
-    expert outputs, 0 on rows of no group. Operands of every GEMM are in xs.dtype (the compute dtype),
-    accumulation in fp32.
+    starts, sizes: [E] int32 (rows of expert e: [starts[e], starts[e] + sizes[e])); w_in: [L, E, H, 2I]
+    (gate | up); w_out: [L, E, I, H], any dtype (the weight gradients come back in it); layer: [] int32.
+    Returns ys [Tp, H] fp32: expert outputs, 0 on rows of no group. Operands of every GEMM are in xs.dtype
+    (the compute dtype), accumulation in fp32.
+
+    Taking the whole stacks lets the layer scan pass its weights in unsliced: each expert's matrix is then
+    copied once (XLA:CPU feeds a GEMM only from a buffer of its own) instead of the layer's slice first, and
+    the weight gradient, zero outside layer `layer`, becomes an in-place update of the scan's accumulator.
     """
-    return _forward(xs, starts, sizes, w_in, w_out)[0]
+    return _forward(xs, starts, sizes, w_in, w_out, layer)[0]
 
 
 def _t(a: jax.Array, dt) -> jax.Array:
@@ -96,26 +105,26 @@ def _t(a: jax.Array, dt) -> jax.Array:
     return layers.transposed(a.astype(dt)) if dt == jnp.bfloat16 else a.T
 
 
-def _fwd(xs, starts, sizes, w_in, w_out):
+def _fwd(xs, starts, sizes, w_in, w_out, layer):
     # bf16 residuals as bits: the layer scan stacks them, and XLA:CPU would stack bf16 through fp32 copies
-    ys, gu_bits = _forward(xs, starts, sizes, w_in, w_out)
-    return ys, (layers.as_bits(xs), gu_bits, starts, sizes, w_in, w_out)
+    ys, gu_bits = _forward(xs, starts, sizes, w_in, w_out, layer)
+    return ys, (layers.as_bits(xs), gu_bits, starts, sizes, w_in, w_out, layer)
 
 
 def _bwd(res, dys):
-    xs_bits, gu_bits, starts, sizes, w_in, w_out = res
+    xs_bits, gu_bits, starts, sizes, w_in, w_out, layer = res
     xs, gu_all = layers.from_bits(xs_bits), layers.from_bits(gu_bits)
-    h, two_i, dt = w_in.shape[1], w_in.shape[2], xs.dtype
-
-    # W_inᵀ [E, 2I, H], W_outᵀ [E, H, I]: in bf16 one forward-layout copy of the whole layer (fused with its cast
-    # and the layer scan's slice), sliced per expert; in fp32 transposed inside the chunk loop, where XLA folds
-    # the transpose into the GEMM (a copy hoisted out of the loop would be a slow strided one)
+    h, two_i, dt = w_in.shape[2], w_in.shape[3], xs.dtype
     bf16 = dt == jnp.bfloat16
-    w_dx, w_da = (layers.as_bits(_t(w_in, dt)), layers.as_bits(_t(w_out, dt))) if bf16 else (w_in, w_out)
 
     def expert(dxs, per_expert):
-        wi, wo, start, n = layers.from_bits(per_expert[0]), layers.from_bits(per_expert[1]), *per_expert[2:]
-        acc = (dxs, jnp.zeros(w_in.shape[1:], jnp.float32), jnp.zeros(w_out.shape[1:], jnp.float32))
+        e, start, n = per_expert
+        wi, wo = _expert(w_in, layer, e), _expert(w_out, layer, e)
+        # W_inᵀ [2I, H], W_outᵀ [H, I]: in bf16 forward-layout copies made once per expert (fused with the slice
+        # and the cast); in fp32 transposed inside the chunk loop, where XLA folds the transpose into the GEMM
+        # (a copy hoisted out of the loop would be a slow strided one)
+        wi_t, wo_t = (_t(wi, dt), _t(wo, dt)) if bf16 else (None, None)
+        acc = (dxs, jnp.zeros(wi.shape, jnp.float32), jnp.zeros(wo.shape, jnp.float32))
         for size, offset, count in _chunk_plan(n, xs.shape[0]):
 
             def chunk(j, c, size=size, offset=offset):
@@ -129,10 +138,10 @@ def _bwd(res, dys):
                 dy = jnp.where(valid, jax.lax.dynamic_slice(dys, at, (size, h)), 0)
                 act, sig = _silu_parts(g)
                 acc_out = acc_out + _mm(_t(act * u, dt), dy, dt)
-                da = _mm(dy, wo if bf16 else wo.T, dt)
+                da = _mm(dy, wo_t if bf16 else wo.T, dt)
                 dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
                 acc_in = acc_in + _mm(_t(x, dt), dgu, dt)
-                dx = _mm(dgu, wi if bf16 else wi.T, dt)
+                dx = _mm(dgu, wi_t if bf16 else wi.T, dt)
                 dxs = jax.lax.dynamic_update_slice(dxs, layers.as_bits(dx.astype(dt)), at)
                 return dxs, acc_in, acc_out
 
@@ -140,21 +149,37 @@ def _bwd(res, dys):
         dxs, acc_in, acc_out = acc
         return dxs, (acc_in.astype(w_in.dtype), acc_out.astype(w_out.dtype))
 
-    dxs, (dw_in, dw_out) = jax.lax.scan(expert, layers.as_bits(jnp.zeros_like(xs)), (w_dx, w_da, starts, sizes))
-    return layers.from_bits(dxs), None, None, dw_in, dw_out
+    num_experts = w_in.shape[1]
+    dxs, dws = jax.lax.scan(
+        expert, layers.as_bits(jnp.zeros_like(xs)), (jnp.arange(num_experts, dtype=jnp.int32), starts, sizes)
+    )
+    # zero but for layer `layer`: under the layer scan's transpose, XLA turns "accumulator + this" into an
+    # in-place update of that layer's slice
+    dw_in, dw_out = (
+        jax.lax.dynamic_update_slice(jnp.zeros_like(w), dw[None], (layer, *(0,) * (w.ndim - 1)))
+        for w, dw in zip((w_in, w_out), dws)
+    )
+    return layers.from_bits(dxs), None, None, dw_in, dw_out, None
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)
 
 
-def grouped_local(x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
-    """x [T, H], choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] fp32 (0 for skip tokens)."""
+def grouped_local(
+    x: jax.Array, choice: jax.Array, gate: jax.Array, w_in: jax.Array, w_out: jax.Array, layer: jax.Array | None = None
+) -> jax.Array:
+    """x [T, H], choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] fp32 (0 for skip tokens).
+
+    w_in [E, H, 2I], w_out [E, I, H]; or, with `layer` ([] int32), the layer-stacked [L, E, ...] weights of
+    the whole decoder (see `grouped_swiglu`)."""
+    if layer is None:
+        w_in, w_out, layer = w_in[None], w_out[None], jnp.zeros((), jnp.int32)
     t, h = x.shape
-    num_experts = w_in.shape[0]
+    num_experts = w_in.shape[1]
     order = jnp.argsort(choice, stable=True)  # skip tokens sort last
     sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
     starts = (jnp.cumsum(sizes) - sizes).astype(jnp.int32)
     xs = jnp.concatenate([x[order], jnp.zeros((SMALL, h), x.dtype)], axis=0)
-    ys = grouped_swiglu(xs, starts, sizes, w_in, w_out)[:t]
+    ys = grouped_swiglu(xs, starts, sizes, w_in, w_out, layer)[:t]
     inverse = jnp.zeros_like(order).at[order].set(jnp.arange(t, dtype=order.dtype))
     return ys[inverse] * gate[:, None]

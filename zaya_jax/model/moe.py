@@ -84,6 +84,13 @@ def capacity_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
     return DispatchResult(gated(unpack_slots(y, slots), choice, gate, num_experts), slots.dropped)
 
 
+def runs_unsharded() -> bool:
+    """Whether a per-device dispatch runs its body directly (no mesh, one device, or inside a manual
+    `shard_map`), rather than wrapped in a `shard_map` over the token axes."""
+    mesh = active_mesh()
+    return mesh is None or mesh.size == 1 or in_manual_region()
+
+
 def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
     """A dropless dispatch from a per-device body `local_fn(x, choice, gate, w_in, w_out) -> out [T, H]`.
 
@@ -93,15 +100,15 @@ def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
     """
 
     def dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-        mesh = active_mesh()
-        if mesh is None or mesh.size == 1 or in_manual_region():  # 1 device: no shard_map (its transpose
-            out = local_fn(x, choice, gate, w_in, w_out)  # would add an all-reduce)
+        if runs_unsharded():  # 1 device: no shard_map (its transpose would add an all-reduce)
+            out = local_fn(x, choice, gate, w_in, w_out)
         else:  # weights enter replicated: cast first, so a gather of sharded (FSDP) weights moves the compute dtype
             tokens, none = sharding.token_spec(), jax.sharding.PartitionSpec()
             w_in, w_out = w_in.astype(x.dtype), w_out.astype(x.dtype)
-            out = jax.shard_map(
-                local_fn, mesh=mesh, in_specs=(tokens, tokens, tokens, none, none), out_specs=tokens, check_vma=False
-            )(x, choice, gate, w_in, w_out)
+            in_specs = (tokens, tokens, tokens, none, none)
+            out = jax.shard_map(local_fn, mesh=active_mesh(), in_specs=in_specs, out_specs=tokens, check_vma=False)(
+                x, choice, gate, w_in, w_out
+            )
         return DispatchResult(out, jnp.zeros((), jnp.int32))
 
     return dispatch
@@ -146,6 +153,9 @@ class MoEStats(NamedTuple):
     dropped: jax.Array  # [] int32 expert tokens dropped by capacity
 
 
+EXPERT_WEIGHTS = nnx.Any(nnx.PathContains("w_in"), nnx.PathContains("w_out"))  # `MoE`'s expert weights
+
+
 class MoE(nnx.Module):
     """Router + experts of one MoE sub-layer. Expert weights: w_in [E, H, 2I] (gate | up), w_out [E, I, H]."""
 
@@ -157,9 +167,17 @@ class MoE(nnx.Module):
         self.w_in = layers.normal_param(rngs, (e, h, 2 * i), std, pd, ("experts", "embed", "mlp_gate_up"))
         self.w_out = layers.normal_param(rngs, (e, i, h), std, pd, ("experts", "mlp", "embed"))
 
-    def __call__(self, x: jax.Array, state_prev: jax.Array):
+    def takes_whole_stacks(self) -> bool:
+        """Whether the layer scan may give this MoE its expert weights unsliced — the decoder's [L, E, ...] stacks
+        plus the layer index — rather than its layer's [E, ...] slice: for the `grouped` dispatch run directly
+        (CPU), where slicing one expert out of the stack is one copy instead of two and the weight gradient
+        becomes an in-place update of the scan's accumulator (`zaya_jax.model.grouped.grouped_swiglu`)."""
+        return resolve_dispatch(self.cfg.dispatch) == "grouped" and runs_unsharded()
+
+    def __call__(self, x: jax.Array, state_prev: jax.Array, layer: jax.Array | None = None):
         """x: [B, S, H] normed input, state_prev: [B, S, R] → (out [B, S, H] fp32, state [B, S, R], MoEStats).
 
+        layer: given when the expert weights hold the whole [L, E, ...] stacks (`takes_whole_stacks`).
         Inside a manual `shard_map` (the ZeRO-1 step) the arrays and the counts are this device's."""
         m = self.cfg
         routing = self.router(x, state_prev)
@@ -167,7 +185,11 @@ class MoE(nnx.Module):
         flat_x, choice, gate = (sharding.flatten_tokens(a) for a in (x, routing.choice, routing.gate))
         # the weights go in as stored: each dispatch casts its GEMM operands to x's dtype, so the weight
         # gradients come back in the parameter dtype (fp32, not rounded to bf16 and converted back)
-        result = get_dispatch(m.dispatch)(flat_x, choice, gate, self.w_in[...], self.w_out[...], m)
+        w_in, w_out = self.w_in[...], self.w_out[...]
+        if layer is None:
+            result = get_dispatch(m.dispatch)(flat_x, choice, gate, w_in, w_out, m)
+        else:
+            result = DispatchResult(grouped_local(flat_x, choice, gate, w_in, w_out, layer), jnp.zeros((), jnp.int32))
         out = result.out  # fp32
         if m.skip_output == "scaled_input":
             is_skip = (choice == m.num_experts)[:, None]

@@ -20,7 +20,7 @@ from zaya_jax.config import REMAT_POLICIES as REMAT_NAMES
 from zaya_jax.config import choice_table
 from zaya_jax.model import cca_context, layers
 from zaya_jax.model.cca import CCA, conv_halo_len
-from zaya_jax.model.moe import MoE, MoEStats
+from zaya_jax.model.moe import EXPERT_WEIGHTS, MoE, MoEStats
 from zaya_jax.parallel.mesh import in_manual_region
 
 STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
@@ -57,11 +57,19 @@ class DecoderLayer(nnx.Module):
         self.moe = MoE(m, rngs=rngs)
         self.moe_merge = layers.Merge(m.hidden_size, param_dtype=pd)
 
-    def __call__(self, r: jax.Array, router_state: jax.Array, positions: jax.Array, context_layout: str | None = None):
+    def __call__(
+        self,
+        r: jax.Array,
+        router_state: jax.Array,
+        positions: jax.Array,
+        context_layout: str | None = None,
+        layer: jax.Array | None = None,
+    ):
         """r: [B, S, H] fp32 residual, router_state: [B, S, R] fp32 → (r, router_state, MoEStats).
 
         context_layout: None → CCA over the whole (GSPMD-sharded) sequence; "contiguous" / "zigzag" →
         context-parallel CCA (`zaya_jax.model.cca_context`), tokens in that layout's order.
+        layer: this layer's index when the expert weights are the whole stacks (`MoE.takes_whole_stacks`).
         """
         x = self.attn_norm(r)
         if context_layout is None:
@@ -69,31 +77,31 @@ class DecoderLayer(nnx.Module):
         else:
             y = cca_context.cca_forward(self.attn, x, positions, context_layout)
         r = self.attn_merge(y, r)
-        z, router_state, stats = self.moe(self.moe_norm(r), router_state)
+        z, router_state, stats = self.moe(self.moe_norm(r), router_state, layer)
         return self.moe_merge(z, r), router_state, stats
-
-
-def layer_function(graphdef, positions: jax.Array, layout: str | None):
-    """`f(layer_state, r, a) -> ((r, a), MoEStats)`: one decoder layer (§2) as a pure function of its variables."""
-
-    def f(layer_state, r, a):
-        r, a, stats = nnx.merge(graphdef, layer_state)(r, a, positions, layout)
-        return (r, a), stats
-
-    return f
 
 
 def scan_layers(graphdef, stacked, r: jax.Array, a: jax.Array, positions: jax.Array, layout: str | None, remat: str):
     """The decoder stack as a `lax.scan` over the stacked layer variables (compile time flat in depth), with the
-    `remat` policy. r: [B, S, H] fp32, a: [B, S, R] fp32 → (r, MoEStats stacked over layers)."""
-    layer = layer_function(graphdef, positions, layout)
+    `remat` policy. r: [B, S, H] fp32, a: [B, S, R] fp32 → (r, MoEStats stacked over layers).
 
-    def body(carry, layer_state):
-        return layer(layer_state, *carry)
+    Where the MoE takes them (`MoE.takes_whole_stacks`), the expert weights stay out of the scanned variables:
+    every layer gets the whole [L, E, ...] stacks and its index."""
+    whole = nnx.merge(graphdef, stacked).moe.takes_whole_stacks()
+    fixed = ()
+    if whole:
+        graphdef, experts, stacked = nnx.split(nnx.merge(graphdef, stacked), EXPERT_WEIGHTS, ...)
+        fixed = (experts,)
+
+    def body(carry, xs):
+        index, layer_state = xs
+        r, a, stats = nnx.merge(graphdef, *fixed, layer_state)(*carry, positions, layout, index if whole else None)
+        return (r, a), stats
 
     if remat != "none":
         body = jax.checkpoint(body, policy=REMAT_POLICIES[remat], prevent_cse=False)
-    (r, _), stats = jax.lax.scan(body, (r, a), stacked)
+    num_layers = jax.tree.leaves(stacked)[0].shape[0]
+    (r, _), stats = jax.lax.scan(body, (r, a), (jnp.arange(num_layers, dtype=jnp.int32), stacked))
     return r, stats
 
 
