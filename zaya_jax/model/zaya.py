@@ -87,10 +87,11 @@ def scan_layers(graphdef, stacked, r: jax.Array, a: jax.Array, positions: jax.Ar
 
     Where the MoE takes them (`MoE.takes_whole_stacks`), the expert weights stay out of the scanned variables:
     every layer gets the whole [L, E, ...] stacks and its index."""
-    whole = nnx.merge(graphdef, stacked).moe.takes_whole_stacks()
+    module = nnx.merge(graphdef, stacked)
+    whole = module.moe.takes_whole_stacks()
     fixed = ()
     if whole:
-        graphdef, experts, stacked = nnx.split(nnx.merge(graphdef, stacked), EXPERT_WEIGHTS, ...)
+        graphdef, experts, stacked = nnx.split(module, EXPERT_WEIGHTS, ...)
         fixed = (experts,)
 
     def body(carry, xs):
