@@ -341,3 +341,18 @@ def test_batch_ramp_lookup_and_validation():
         sched.validate_batch_ramp(t, dp_size=8)  # 24 % (8 * 2)
     t.batch_ramp = ()
     assert sched.batch_size_at(50, t) == 16 and sched.ramp_boundaries(t) == ()
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 1e3])
+def test_clip_by_global_norm_with_a_given_norm_equals_optax(max_norm):
+    """Our clip, given the norm by the caller or computing it itself, equals `optax.clip_by_global_norm`."""
+    grads = jax.tree.map(lambda g: 10.0 * g, small_params(1))
+    want, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    norm = opt_lib.global_norm(grads)
+    np.testing.assert_allclose(
+        float(norm), np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(grads))), rtol=1e-6
+    )
+    clip = opt_lib.clip_by_global_norm(max_norm)
+    for got, _ in (clip.update(grads, clip.init(grads)), clip.update(grads, clip.init(grads), grad_norm=norm)):
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-9)

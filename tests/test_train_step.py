@@ -187,3 +187,22 @@ def test_masked_mean_gradients_over_microbatches():
     loss, grads, _, _ = mean_loss_and_grads(config, jax.devices()[:2], batch)
     assert rel_err(loss, ref_loss) <= 1e-5
     assert_trees_close(grads, ref_grads, 1e-5, "2 micro-batches, masked")
+
+
+def test_step_reports_the_mean_gradient_norm_and_clips_by_it():
+    """The GSPMD step's `grad_norm` is the float64 NumPy norm of the mean gradients (`mean_loss_and_grads`), and
+    with `grad_clip_norm` below it the first AdamW moment is (1 − b1) · g · clip / norm."""
+    config = _config(2, 1, "capacity")
+    config.train.param_sharding, config.optimizer.grad_clip_norm = "replicated", 0.05
+    batch = random_batch(8, config.train.seq_len, config.model.vocab_size)
+    _, grads, _, _ = mean_loss_and_grads(config, jax.devices()[:2], batch)
+    norm = np.sqrt(sum(np.sum(np.asarray(g, np.float64) ** 2) for g in jax.tree.leaves(grads)))
+    mesh = make_mesh(config, jax.devices()[:2])
+    tx = make_optimizer(config)
+    graphdef, state, shardings = create_train_state(config, mesh, tx)
+    state, metrics = make_train_step(graphdef, tx, config, mesh, shardings)(state, batch)
+    assert rel_err(float(metrics["grad_norm"]), norm) <= 1e-5
+    assert norm > 10 * config.optimizer.grad_clip_norm, "the test needs clipping to be active"
+    adam = state.opt_state[1].inner_states["adam"].inner_state[0]  # (clip, partition{adam: masked(chain)})
+    want = (1 - config.optimizer.adam_b1) * np.asarray(grads["embed"], np.float64) * 0.05 / norm
+    np.testing.assert_allclose(np.asarray(adam.mu["embed"]), want, rtol=1e-4, atol=1e-12)

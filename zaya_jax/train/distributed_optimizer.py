@@ -159,8 +159,7 @@ def update(
 ) -> tuple[tuple[GroupState, ...], jax.Array]:
     """Clip, then update every group's owned state. grads: per group (slots [s, S], flat [C]) fp32 means;
     count: updates so far (the schedules' step). Returns (new local group states, global norm before clipping)."""
-    sq = sum(jnp.sum(s * s) + jnp.sum(f * f) for s, f in grads)
-    norm, factor = clip_scale(jnp.asarray(sq, jnp.float32), float(o.grad_clip_norm))
+    norm, factor = clip_scale(optimizer_lib.squared_norm(grads), float(o.grad_clip_norm))
     new_count = count + 1
     lr_muon, lr_adam = lrs["muon"](count), lrs["adam"](count)
     out = []

@@ -227,6 +227,38 @@ def scale_by_muon_stacked(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+# ----------------------------------------------------------------------------- clipping
+
+
+def squared_norm(tree: Pytree) -> jax.Array:
+    """Σ g² over all leaves of `tree`, fp32, as one dot per leaf: XLA:CPU reduces `sum(g * g)` from a
+    materialised `g²` whenever `g` is itself a fused expression (e.g. the gradients times 1/tokens)."""
+    return jnp.asarray(
+        sum(jnp.vdot(g, g, preferred_element_type=jnp.float32) for g in jax.tree.leaves(tree)), jnp.float32
+    )
+
+
+def global_norm(tree: Pytree, scale: jax.Array | float = 1.0) -> jax.Array:
+    """‖scale · tree‖₂, fp32, computed from the unscaled leaves (`squared_norm`)."""
+    return jnp.sqrt(squared_norm(tree)) * jnp.abs(jnp.asarray(scale, jnp.float32))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+    """Global-norm clipping (as `optax.clip_by_global_norm`, same empty state) that takes the norm from the caller.
+
+    `update(updates, state, params, grad_norm=n)` uses n = ‖updates‖ when given (the train step computes it once
+    for its metrics, see `global_norm`), else computes it. The updates are multiplied by one scalar,
+    min(1, max_norm / n), which XLA fuses into the optimizer's passes."""
+
+    def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+        del params, extra_args
+        norm = global_norm(updates) if grad_norm is None else grad_norm
+        factor = jnp.where(norm < max_norm, 1.0, max_norm / norm)
+        return jax.tree.map(lambda g: (g * factor).astype(g.dtype), updates), state
+
+    return optax.GradientTransformationExtraArgs(optax.init_empty_state, update_fn)
+
+
 # ----------------------------------------------------------------------------- the optimizer
 
 
@@ -274,5 +306,5 @@ def make_optimizer(config: ml_collections.ConfigDict, params: Pytree | None = No
     )
     split = optax.partition({"muon": muon_tx, "adam": adam_tx}, lambda p: param_labels(p, muon_conv=muon_conv))
     if o.grad_clip_norm and o.grad_clip_norm > 0:
-        return optax.chain(optax.clip_by_global_norm(float(o.grad_clip_norm)), split)
+        return optax.chain(clip_by_global_norm(float(o.grad_clip_norm)), split)
     return split

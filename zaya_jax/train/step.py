@@ -24,6 +24,7 @@ from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 from zaya_jax.train import balancing
 from zaya_jax.train.loss import LossSums, chunked_objective
+from zaya_jax.train.optimizer import global_norm
 from zaya_jax.train.state import TrainState
 
 BATCH_KEYS = ("input_ids", "labels", "loss_mask")
@@ -139,11 +140,15 @@ def train_step(
     """One optimizer step on the global batch (GSPMD: `fsdp` / `replicated` parameter sharding).
     Returns (new state, metrics)."""
     sums, grads, counts, dropped = loss_and_grads(graphdef, state.params, state.biases, batch, config)
-    n = jnp.maximum(sums.tokens, 1.0)
-    # × 1/n, not ÷ n: XLA fuses a scalar multiply into each consumer (the optimizer's moment updates, the norm)
-    # but materialises an elementwise divide: on XLA:CPU its own pass over every gradient
-    grads = jax.tree.map(lambda g, p: (g * (1.0 / n)).astype(p.dtype), grads, state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    scale = 1.0 / jnp.maximum(sums.tokens, 1.0)
+    # the mean gradient's norm, once, for the metrics and the clipping (`optimizer.clip_by_global_norm`)
+    grad_norm = global_norm(grads, scale)
+    # × 1/n, not ÷ n: XLA fuses a scalar multiply into each consumer (the optimizer's moment updates) but
+    # materialises an elementwise divide: on XLA:CPU its own pass over every gradient
+    grads = jax.tree.map(lambda g, p: (g * scale).astype(p.dtype), grads, state.params)
+    updates, opt_state = optax.with_extra_args_support(tx).update(
+        grads, state.opt_state, state.params, grad_norm=grad_norm
+    )
     params = optax.apply_updates(state.params, updates)
     biases, bal_state, metrics = balance_and_metrics(
         state.biases,
@@ -151,7 +156,7 @@ def train_step(
         sums,
         counts,
         dropped,
-        optax.tree.norm(grads),
+        grad_norm,
         config,
         None if lr_fn is None else lr_fn(state.step),
     )
