@@ -228,6 +228,7 @@ def _separate_train_runs(f: flags.FlagValues, dtype: str, out_dir: str) -> list[
     import os
     import subprocess
 
+    from zaya_jax import host_memory
     from zaya_jax.bench import train
 
     rounds = []
@@ -236,7 +237,9 @@ def _separate_train_runs(f: flags.FlagValues, dtype: str, out_dir: str) -> list[
             out = os.path.join(out_dir, "runs", f"{r}_{side}")
             cmd = [sys.executable, *sys.orig_argv[1:], f"--train_side={side}", f"--out={out}", f"--dtype={dtype}"]
             print(f"train: round {r} {side} ({dtype}): {' '.join(cmd[1:])}", flush=True)
-            subprocess.run(cmd, check=True)
+            # each side in its own best setting: our launchers' huge-page malloc tunable slows PyTorch down
+            env = host_memory.default_malloc_env() if side == "transformers" else None
+            subprocess.run(cmd, check=True, env=env)
             with open(os.path.join(out, "train_rows.json"), encoding="utf-8") as fh:
                 rounds.append(json.load(fh))
     return rounds

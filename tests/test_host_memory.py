@@ -76,6 +76,17 @@ def test_env_is_left_alone_when_disabled_or_on_gpu_hosts():
         assert host_memory.huge_page_env(once)["GLIBC_TUNABLES"] == once["GLIBC_TUNABLES"]
 
 
+def test_default_malloc_env_drops_the_tunable_and_keeps_the_rest():
+    """The environment a benchmark gives a process that is not ours (the transformers reference)."""
+    env = _clean_env(GLIBC_TUNABLES=f"glibc.malloc.check=0:{host_memory.TUNABLE}")
+    plain = host_memory.default_malloc_env(env)
+    assert plain["GLIBC_TUNABLES"] == "glibc.malloc.check=0"
+    assert plain[host_memory.DISABLE_ENV] == "1"  # a launcher in that process does not add it back
+    assert not host_memory.huge_pages_active(host_memory.huge_page_env(plain))
+    assert "GLIBC_TUNABLES" not in host_memory.default_malloc_env(_clean_env(GLIBC_TUNABLES=host_memory.TUNABLE))
+    assert env["GLIBC_TUNABLES"].endswith(host_memory.TUNABLE), "the caller's environment is not modified"
+
+
 def test_launcher_restarts_itself_once_with_the_tunable():
     # an inherited XLA_FLAGS device count loses to an explicit --cpu_devices (issue: plan --cpu_devices=64 failed)
     out = subprocess.run(

@@ -9,7 +9,8 @@ fewer faults, peak memory unchanged, and the step ≈ 15–20% faster (benchmark
 memory instead (`mallopt`: one arena, no mmap, no trim) was tried and rejected: same-size aligned blocks
 could not reuse each other, so the heap grew to 1.4–1.9× the peak and was no faster.
 
-Tunables are read when a process starts. `huge_page_env()` gives an environment for child processes;
+Tunables are read when a process starts. `huge_page_env()` gives an environment for child processes
+(`default_malloc_env()` one without the tunable, for processes that are not ours, e.g. a benchmark's reference);
 `restart_with_huge_pages()` re-executes the running launcher once with it (before jax is imported).
 Only for CPU-only hosts: device memory on GPUs has its own allocator. It changes speed, not results;
 set $ZAYA_DEFAULT_MALLOC=1 to leave glibc alone.
@@ -50,6 +51,11 @@ def huge_pages_active(env: dict[str, str] | None = None) -> bool:
     return TUNABLE in env.get("GLIBC_TUNABLES", "").split(":")
 
 
+def describe() -> str:
+    """The malloc setting of this process, for reports."""
+    return "malloc: huge pages (glibc.malloc.hugetlb=1)" if huge_pages_active() else "malloc: glibc default"
+
+
 def wanted(env: dict[str, str] | None = None) -> bool:
     """Whether the tunable should be added: glibc ≥ 2.35, a CPU-only host, not disabled, not already set."""
     env = os.environ if env is None else env
@@ -68,6 +74,18 @@ def huge_page_env(env: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ if env is None else env)
     if wanted(env):
         env["GLIBC_TUNABLES"] = ":".join(filter(None, (env.get("GLIBC_TUNABLES", ""), TUNABLE)))
+    return env
+
+
+def default_malloc_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """A copy of `env` (default: os.environ) without the tunable and with it disabled, for a child process that
+    is not ours: PyTorch's CPU step, for one, is slower and noisier with it (benchmarks/README.md)."""
+    env = dict(os.environ if env is None else env)
+    rest = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t and t != TUNABLE]
+    env.pop("GLIBC_TUNABLES", None)
+    if rest:
+        env["GLIBC_TUNABLES"] = ":".join(rest)
+    env[DISABLE_ENV] = "1"
     return env
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 
+from zaya_jax import host_memory
 from zaya_jax.bench import common, gemm, torch_ref
 from zaya_jax.config import validate
 from zaya_jax.model.flops import train_flops_per_token
@@ -294,11 +295,14 @@ def benchmark(
                     tl,
                     tcompile,
                     peak,
-                    f"{torch_ref.describe(tt)}; first step (untimed) {tcompile:.1f} s",
+                    f"{torch_ref.describe(tt)}; {host_memory.describe()}; first step (untimed) {tcompile:.1f} s",
                 )
             )
         if run_jax:
-            notes = f"init {jt.init_s:.1f} s; mesh {dict(jt.mesh.shape)}; GEMM peak: median of {len(peaks)}"
+            notes = (
+                f"init {jt.init_s:.1f} s; mesh {dict(jt.mesh.shape)}; {host_memory.describe()}; "
+                f"GEMM peak: median of {len(peaks)}"
+            )
             rows.append(_row("zaya_jax", optimizer, config, jtimes, jl, jcompile, peak, notes, float(np.max(dropped))))
         del jt, tt
     if reference and not ok:
