@@ -144,9 +144,10 @@ def test_zero1_updates_equal_single_device_optimizer(data, expert):
     losses, state = _train(config_for(data, expert, "zero1"))
     ref_losses, ref_state = _train(config_for(1, 1, "replicated"))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    # gradients agree to ~1e-6 (test above); AdamW divides by sqrt(v) per element, which turns that into up to
-    # ~3e-5 relative differences in the updates of elements with tiny gradients
-    assert_trees_close(state.params, ref_state.params, 1e-4, "params")
+    # gradients agree to ~1e-6 (test above); AdamW divides by sqrt(v) + eps per element, which turns that into
+    # relative differences of up to ~1e-3 in the updates of elements whose gradients are near eps (embedding
+    # rows of rare tokens), i.e. up to 1.0e-4 of the parameters' scale (3 devices, AMD EPYC; 2.4e-5 on 2 × 4)
+    assert_trees_close(state.params, ref_state.params, 3e-4, "params")
     assert_trees_close(state.opt_state, ref_state.opt_state, 1e-4, "optimizer state")
     assert int(state.step) == 2
 
@@ -264,7 +265,11 @@ def test_collective_bytes_do_not_grow_with_microbatches():
 def test_every_dot_of_the_bf16_step_takes_bf16_operands():
     config = _config(2, dtype="bfloat16")
     text = _lowered(config)[0].as_text()
-    operands = re.findall(r"stablehlo\.dot_general.*?:\s*\(tensor<([^>]*)>, tensor<([^>]*)>\)", text)
+    dots = re.findall(r"stablehlo\.dot_general.*?:\s*\(tensor<([^>]*)>, tensor<([^>]*)>\)", text)
+    # the gradient norm's Σ g² (`optimizer.squared_norm`) is one rank-1 dot g·g per fp32 gradient shard
+    norm_dots = [(a, b) for a, b in dots if a == b and a.count("x") == 1]
+    assert norm_dots and all(a.endswith("f32") for a, _ in norm_dots), norm_dots
+    operands = [o for o in dots if o not in norm_dots]
     assert len(operands) > 20
     assert all(a.endswith("bf16") and b.endswith("bf16") for a, b in operands), [
         o for o in operands if not (o[0].endswith("bf16") and o[1].endswith("bf16"))
