@@ -468,17 +468,18 @@ def test_grouped_swiglu_bf16_gradients_match_numpy():
     against a float64 NumPy SwiGLU per expert on the same bf16-rounded inputs: outputs and all three gradients.
     The weights are layer-stacked (layer 1 of 2, as the layer scan passes them): the other layer's weights get a
     zero gradient."""
-    from zaya_jax.model.grouped import SMALL, grouped_swiglu
+    from zaya_jax.model.grouped import PAD, grouped_swiglu
 
     rng = np.random.default_rng(7)
-    sizes = np.array([21, 0, 35], np.int32)  # one empty expert; groups straddle the chunk sizes
+    # an empty expert, groups of one chunk, one of a full chunk and no rest (256), one of a full chunk and a rest
+    sizes = np.array([21, 0, 300, 256, 35], np.int32)
     e, h, i = len(sizes), 16, 8
     t = int(sizes.sum())
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
     bf = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64)  # noqa: E731
-    xs = bf(np.concatenate([rng.normal(size=(t, h)), np.zeros((SMALL, h))]))
+    xs = bf(np.concatenate([rng.normal(size=(t, h)), np.zeros((PAD, h))]))
     w_in, w_out = rng.normal(size=(e, h, 2 * i)) / 4, rng.normal(size=(e, i, h)) / 3
-    cot = bf(rng.normal(size=(t + SMALL, h)))  # the backward casts the cotangent to bf16
+    cot = bf(rng.normal(size=(t + PAD, h)))  # the backward casts the cotangent to bf16
 
     other = lambda w: np.stack([rng.normal(size=w.shape), w])  # noqa: E731  (layer 0: unused weights)
 

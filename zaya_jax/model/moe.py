@@ -192,7 +192,8 @@ class MoE(nnx.Module):
             result = DispatchResult(grouped_local(flat_x, choice, gate, w_in, w_out, layer), jnp.zeros((), jnp.int32))
         out = result.out  # fp32
         if m.skip_output == "scaled_input":
-            is_skip = (choice == m.num_experts)[:, None]
-            out = out + jnp.where(is_skip, gate[:, None] * flat_x.astype(jnp.float32), 0.0)
+            # the skip gate zeroed off skip tokens: a [T] select, whose transpose needs no [T, H] zeros
+            skip_gate = jnp.where(choice == m.num_experts, gate, 0.0)
+            out = out + skip_gate[:, None] * flat_x.astype(jnp.float32)
         counts = jnp.bincount(choice, length=m.num_experts + 1).astype(jnp.int32)
         return sharding.unflatten_tokens(out, b, s), routing.state, MoEStats(counts, result.dropped)
