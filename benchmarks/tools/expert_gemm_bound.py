@@ -74,7 +74,8 @@ def main(config_path: str = "experiments/zaya1_100m.py", *token_counts: str) -> 
         print(
             f"tokens {tokens} ({rows} rows/expert): grouped GEMMs {grouped[0] * 1e3:.1f} ms "
             f"(min {grouped[1] * 1e3:.1f}, {gflop / grouped[1]:.0f} GFLOP/s), dense GEMMs {dense[0] * 1e3:.1f} ms "
-            f"(min {dense[1] * 1e3:.1f}) -> grouped / dense {grouped[0] / dense[0]:.2f}x (min {grouped[1] / dense[1]:.2f}x)"
+            f"(min {dense[1] * 1e3:.1f}) -> grouped / dense {grouped[0] / dense[0]:.2f}x "
+            f"(min {grouped[1] / dense[1]:.2f}x)"
         )
 
 
