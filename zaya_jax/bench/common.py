@@ -59,25 +59,6 @@ def time_fn(fn: Callable[..., Any], *args: Any, warmup: int = 2, trials: int = 5
     return Timing(tuple(times))
 
 
-def time_interleaved(
-    calls: Sequence[tuple[Callable[..., Any], tuple]], warmup: int = 2, trials: int = 5
-) -> list[Timing]:
-    """Time several `(fn, args)` side by side: after the warm-ups, each trial calls every fn once in turn, so
-    that all of them see the same host (a noisy VM's slow spells hit both sides of a ratio alike)."""
-    if trials < 1:
-        raise ValueError(f"trials must be >= 1, got {trials}")
-    for fn, args in calls:
-        for _ in range(max(warmup, 1)):
-            jax.block_until_ready(fn(*args))
-    times: list[list[float]] = [[] for _ in calls]
-    for _ in range(trials):
-        for (fn, args), out in zip(calls, times):
-            t0 = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            out.append(time.perf_counter() - t0)
-    return [Timing(tuple(t)) for t in times]
-
-
 def randn(shape: tuple[int, ...], dtype: Any, seed: int = 0, device: Any = None) -> jax.Array:
     """Standard-normal test data: NumPy RNG on CPU (threefry is slow there), jax.random elsewhere."""
     if jax.default_backend() == "cpu":
