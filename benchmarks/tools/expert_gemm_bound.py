@@ -14,9 +14,7 @@ Default config experiments/zaya1_100m.py, tokens 2048 4096 16384. Prints one lin
 """
 
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -25,6 +23,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from zaya_jax.bench import common  # noqa: E402
 from zaya_jax.bench import moe as moe_bench  # noqa: E402
 from zaya_jax.config import load_config  # noqa: E402
 
@@ -50,17 +49,6 @@ def per_expert(x, w_in, w_out, a, dy, dgu):
     return jax.lax.scan(expert, jnp.zeros((), jnp.float32), (x, w_in, w_out, a, dy, dgu))[0]
 
 
-def median_seconds(fn, args, trials: int = 15) -> tuple[float, float]:
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(trials):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), min(times)
-
-
 def main(config_path: str = "experiments/zaya1_100m.py", *token_counts: str) -> None:
     m = load_config(config_path).model
     h, i, e = m.hidden_size, m.moe_intermediate_size, m.num_experts
@@ -68,14 +56,15 @@ def main(config_path: str = "experiments/zaya1_100m.py", *token_counts: str) -> 
     print(f"# {config_path}: H={h}, {e} experts of width {i}, dense width {i_dense}; fp32, GEMMs only")
     for tokens in map(int, token_counts or ("2048", "4096", "16384")):
         rows = tokens // e
-        grouped = median_seconds(per_expert, operands(rows, h, i, e))
-        dense = median_seconds(per_expert, operands(tokens, h, i_dense, 1))
+        grouped = common.time_fn(per_expert, *operands(rows, h, i, e), warmup=2, trials=15)
+        dense = common.time_fn(per_expert, *operands(tokens, h, i_dense, 1), warmup=2, trials=15)
         gflop = 18 * tokens * h * i / 1e9  # 2·T·H·(2I + I) forward, twice that backward
         print(
-            f"tokens {tokens} ({rows} rows/expert): grouped GEMMs {grouped[0] * 1e3:.1f} ms "
-            f"(min {grouped[1] * 1e3:.1f}, {gflop / grouped[1]:.0f} GFLOP/s), dense GEMMs {dense[0] * 1e3:.1f} ms "
-            f"(min {dense[1] * 1e3:.1f}) -> grouped / dense {grouped[0] / dense[0]:.2f}x "
-            f"(min {grouped[1] / dense[1]:.2f}x)"
+            f"tokens {tokens} ({rows} rows/expert): grouped GEMMs {grouped.median * 1e3:.1f} ms "
+            f"(min {grouped.min * 1e3:.1f}, {gflop / grouped.min:.0f} GFLOP/s), "
+            f"dense GEMMs {dense.median * 1e3:.1f} ms (min {dense.min * 1e3:.1f}) "
+            f"-> grouped / dense {grouped.median / dense.median:.2f}x "
+            f"(min {grouped.min / dense.min:.2f}x)"
         )
 
 
