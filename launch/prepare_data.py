@@ -8,6 +8,12 @@ file, .jsonl one document per line (field --text_key), .parquet (needs pyarrow) 
 `--input default` prepares the embedded default corpus (the Python standard library sources).
 A rerun with the same flags resumes / does nothing; a directory holding other data is refused. Files that
 are largely not UTF-8 text (binary data) are prepared with a warning naming them.
+
+Parallel: the inputs are cut into tasks of --task_bytes (by file, and by byte range for large JSONL files);
+--workers processes run them on this machine (datatrove's executor; default: all cores). On several machines
+(a SLURM array: launch/slurm/prepare_data.sbatch) each runs with --num_nodes=N --node_rank=i and takes its
+share of the tasks; the last to finish writes the manifest. The output does not depend on --workers or
+--num_nodes.
 """
 
 from __future__ import annotations
@@ -30,11 +36,17 @@ flags.DEFINE_string("text_key", "text", "text field of .jsonl records / .parquet
 flags.DEFINE_float("eval_fraction", 0.02, "fraction of rows (the last ones) held out for evaluation")
 flags.DEFINE_integer("vocab_size", 0, "force the vocab size (0 = the tokenizer's, padded to a multiple of 128)")
 flags.DEFINE_integer("default_corpus_max_bytes", 8 * 2**20, "size cap of the default corpus")
+flags.DEFINE_integer("workers", 0, "worker processes on this machine (0 = one per core it may use)", lower_bound=0)
+flags.DEFINE_integer("task_bytes", 0, "input bytes per task (0 = automatic: ~64 tasks, 1-256 MiB each)", lower_bound=0)
+flags.DEFINE_integer("num_nodes", 1, "machines sharing the tasks (a SLURM array's task count)", lower_bound=1)
+flags.DEFINE_integer("node_rank", 0, "this machine's index in [0, num_nodes) (SLURM_ARRAY_TASK_ID)", lower_bound=0)
 flags.mark_flags_as_required(["input", "output"])
 
 
 def main(argv: list[str]) -> None:
     del argv
+    import os
+
     from zaya_jax.data import corpus, prepare
 
     inputs = corpus.input_files(FLAGS.input, FLAGS.default_corpus_max_bytes)
@@ -47,7 +59,17 @@ def main(argv: list[str]) -> None:
         text_key=FLAGS.text_key,
         eval_fraction=FLAGS.eval_fraction,
         vocab_size=FLAGS.vocab_size or None,
+        task_bytes=FLAGS.task_bytes or None,
+        workers=FLAGS.workers or len(os.sched_getaffinity(0)),
+        num_nodes=FLAGS.num_nodes,
+        node_rank=FLAGS.node_rank,
     )
+    if manifest is None:
+        print(
+            f"{FLAGS.output}: machine {FLAGS.node_rank} of {FLAGS.num_nodes} finished its tasks; the last machine "
+            "to finish writes manifest.json (rerun any one of them to check)"
+        )
+        return
     train, held = manifest["splits"]["train"], manifest["splits"]["eval"]
     print(
         f"{FLAGS.output}: {manifest['num_documents']} documents, {manifest['num_tokens']} tokens, "

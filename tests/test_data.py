@@ -142,9 +142,9 @@ class _CountingByte(ByteTokenizer):
 
 def _snapshot(out):
     return {
-        os.path.basename(p): (open(p, "rb").read(), os.stat(p).st_mtime_ns)
-        for p in sorted(glob.glob(os.path.join(out, "*")))
-        if not p.endswith(".lock")
+        os.path.relpath(p, out): (open(p, "rb").read(), os.stat(p).st_mtime_ns)
+        for p in sorted(glob.glob(os.path.join(out, "**"), recursive=True))
+        if os.path.isfile(p) and not p.endswith(".lock")
     }
 
 
@@ -157,10 +157,10 @@ def test_prepare_is_resumable(tmp_path):
     _CountingByte.calls = 0
     assert prep.prepare([inp], out, seq_len=15, shard_size=3, tokenizer=_CountingByte(), progress=False) == m1
     assert _CountingByte.calls == 0 and _snapshot(out) == before  # no work, files untouched
-    # Simulate a crash after shard 2: the manifest and later shards are missing.
-    for p in glob.glob(os.path.join(out, "*")):
+    # Simulate a crash of the (only) task after shard 2: the manifest, done.json and later shards are missing.
+    for p in glob.glob(os.path.join(out, "**"), recursive=True):
         name = os.path.basename(p)
-        if name == "manifest.json" or (name.startswith("shard-") and int(name[6:11]) >= 3):
+        if name in ("manifest.json", "done.json") or (name.startswith("shard-") and int(name[6:11]) >= 3):
             os.remove(p)
     _CountingByte.calls = 0
     assert prep.prepare([inp], out, seq_len=15, shard_size=3, tokenizer=_CountingByte(), progress=False) == m1

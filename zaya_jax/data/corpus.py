@@ -79,6 +79,7 @@ def default_corpus_dir(
     """A cache sub-directory unique to (Python version, file list, tokenizer, seq_len, max_bytes)."""
     files = stdlib_files(max_bytes)
     key = [
+        prep.FORMAT,
         sys.version,
         [(f, os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files],
         tokenizer if isinstance(tokenizer, str) else repr(tokenizer),

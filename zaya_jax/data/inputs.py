@@ -94,10 +94,11 @@ def _read_parquet(path: str, text_key: str) -> Iterator[str]:
 
 
 class _Undecodable:
-    """Replaces undecodable bytes of a file's text with U+FFFD, counting them; warns at `close`."""
+    """Replaces undecodable bytes of a file's text with U+FFFD, counting them; warns at `close` when they exceed
+    `UNDECODABLE_WARN` of the `size` bytes read (default: the whole file)."""
 
-    def __init__(self, path: str):
-        self.path, self.count = path, 0
+    def __init__(self, path: str, size: int | None = None):
+        self.path, self.size, self.count = path, size, 0
 
     def clean(self, text: str) -> str:
         text, n = _UNDECODED.subn("\ufffd", text)
@@ -105,7 +106,7 @@ class _Undecodable:
         return text
 
     def close(self) -> None:
-        size = os.path.getsize(self.path)
+        size = os.path.getsize(self.path) if self.size is None else self.size
         if size and self.count / size > UNDECODABLE_WARN:
             warnings.warn(
                 f"{self.path}: {self.count / size:.0%} of its bytes are not UTF-8 text (a binary file or "
@@ -114,40 +115,72 @@ class _Undecodable:
             )
 
 
-def jsonl_records(path: str) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed value) for every non-blank line of a JSONL file; DataError naming the file (and line)
-    if it cannot be read or a line is not JSON. Undecodable bytes are handled as in `_Undecodable`."""
-    undecodable = _Undecodable(path)
+def _lines(f, start: int, stop: int | None) -> Iterator[tuple[int, bytes]]:
+    """(byte offset, line) of the lines of binary file `f` that start in [start, stop) (stop None: to the end).
+
+    A line belongs to the byte range holding its first byte, so consecutive ranges split a file's lines exactly.
+    """
+    pos = start
+    if start > 0:
+        f.seek(start - 1)
+        pos = start - 1 + len(f.readline())  # skip the rest of the line that began before `start`
+    while stop is None or pos < stop:
+        line = f.readline()
+        if not line:
+            return
+        yield pos, line
+        pos += len(line)
+
+
+def jsonl_records(path: str, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) for every non-blank line of a JSONL file (or of the lines starting in the byte
+    range [start, stop); their "line number" is then the byte offset of the line); DataError naming the file (and
+    line) if it cannot be read or a line is not JSON. Undecodable bytes are handled as in `_Undecodable`."""
     try:
-        f = open(path, encoding="utf-8", errors="surrogateescape")
+        f = open(path, "rb")
+        size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise DataError(f"cannot read {path}: {e.strerror}; check the path and permissions") from e
+    undecodable = _Undecodable(path, (size if stop is None else min(stop, size)) - start)
     with f:
-        for lineno, line in enumerate(f, 1):
-            line = undecodable.clean(line)
+        for lineno, (offset, raw) in enumerate(_lines(f, start, stop), 1):
+            line = undecodable.clean(raw.decode("utf-8", errors="surrogateescape"))
             if not line.strip():
                 continue
+            where = lineno if start == 0 else offset
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: invalid JSON ({e.msg}); fix or remove the line") from e
-            yield lineno, value
+                raise DataError(
+                    f"{path}:{_where(start, lineno, offset)}: invalid JSON ({e.msg}); fix or remove the line"
+                ) from e
+            yield where, value
     undecodable.close()
 
 
-def _read_jsonl(path: str, text_key: str) -> Iterator[str]:
-    for lineno, record in jsonl_records(path):
+def _where(start: int, lineno: int, offset: int) -> str:
+    return str(lineno) if start == 0 else f"byte {offset}"
+
+
+def _read_jsonl(path: str, text_key: str, start: int = 0, stop: int | None = None) -> Iterator[str]:
+    for where, record in jsonl_records(path, start, stop):
         if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
-            raise DataError(f"{path}:{lineno}: no string field {text_key!r}; pass --text_key")
+            place = where if start == 0 else f"byte {where}"
+            raise DataError(f"{path}:{place}: no string field {text_key!r}; pass --text_key")
         yield record[text_key]
 
 
-def _read_file(path: str, text_key: str) -> Iterator[str]:
+def splittable(path: str) -> bool:
+    """Whether `path` may be read in byte ranges (one document per line: JSONL)."""
+    return path.lower().endswith(JSONL_EXTS)
+
+
+def _read_file(path: str, text_key: str, start: int = 0, stop: int | None = None) -> Iterator[str]:
     low = path.lower()
     if low.endswith(PARQUET_EXTS):
         yield from _read_parquet(path, text_key)
     elif low.endswith(JSONL_EXTS):
-        yield from _read_jsonl(path, text_key)
+        yield from _read_jsonl(path, text_key, start, stop)
     else:
         undecodable = _Undecodable(path)
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
@@ -158,9 +191,19 @@ def _read_file(path: str, text_key: str) -> Iterator[str]:
 
 def iter_documents(files: Sequence[str], text_key: str = "text") -> Iterator[tuple[str, str]]:
     """(path, text) for every non-blank document, in file order."""
-    for path in files:
+    return iter_chunk_documents([(path, 0, None) for path in files], text_key)
+
+
+def iter_chunk_documents(
+    chunks: Sequence[tuple[str, int, int | None]], text_key: str = "text"
+) -> Iterator[tuple[str, str]]:
+    """(path, text) for every non-blank document of the chunks (path, start byte, stop byte or None), in order.
+
+    Only JSONL files are read in byte ranges (the lines starting in [start, stop)); other chunks are whole files.
+    """
+    for path, start, stop in chunks:
         try:
-            for text in _read_file(path, text_key):
+            for text in _read_file(path, text_key, start, stop):
                 if text.strip():
                     yield path, text
         except OSError as e:

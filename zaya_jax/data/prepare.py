@@ -1,21 +1,23 @@
-"""Offline preparation: tokenize documents, pack them into fixed-length rows, write `.npy` shards.
+"""Offline preparation: tokenize documents, pack them into fixed-length rows, write `.npy` shards — in parallel.
 
-Layout of a prepared directory (all rows have `row_len = seq_len + 1` tokens: inputs + the label
-shifted by one):
+The inputs are cut into tasks (`zaya_jax.data.tasks`: by file, and by byte range for large JSONL files); each
+task tokenizes and packs its documents independently into its own directory (`zaya_jax.data.packing`); tasks
+run in this process, on N local worker processes, or spread over machines (`zaya_jax.data.parallel`, on
+datatrove's executor); the last one to finish merges the tasks' counts into the manifest. Layout of a prepared
+directory (all rows have `row_len = seq_len + 1` tokens: inputs + the label shifted by one):
 
     prepare.json                        the preparation config (written first)
-    shard-00000.tokens.npy              [rows, row_len] uint16/uint32 token ids
-    shard-00000.segments.npy            [rows, row_len] uint16/uint32 document index within the row
-                                        (1-based; 0 = padding, only at the end of the last row)
-    shard-00000.json                    sidecar: the shard is complete + where the stream resumes
-    manifest.json                       written last: counts, shard list, train/eval split
+    task-000000/shard-00000.tokens.npy  [rows, row_len] token ids, ... (see `zaya_jax.data.packing`)
+    task-000000/done.json               the task is complete
+    .datatrove/                         the engine's completion marks, task logs and stats
+    manifest.json                       written last: counts, shard list (task order), train/eval split
 
-Documents are concatenated (each followed by eos) and cut into rows; a document may continue in
-the next row. Every shard except the last holds exactly `shard_size` rows. A rerun with the same
-configuration skips complete shards; a directory holding anything else is never overwritten. A preparation
-that fails on bad input before completing any shard removes what it wrote, so a rerun with the input fixed
-starts clean. Input files are found and read by `zaya_jax.data.inputs` (which warns about files that are
-mostly not text).
+The rows are the tasks' rows in task order, a deterministic function of the inputs and `task_bytes`: one worker,
+16 workers or 16 machines write byte-identical files. A rerun with the same configuration redoes only incomplete
+tasks (an interrupted task resumes after its last complete shard); a directory holding anything else is never
+overwritten. A preparation that fails on bad input, started in an empty directory on one machine, removes what
+it wrote, so a rerun with the input fixed starts clean. Input files are found and read by
+`zaya_jax.data.inputs` (which warns about files that are mostly not text).
 """
 
 from __future__ import annotations
@@ -25,18 +27,23 @@ import fcntl
 import hashlib
 import json
 import os
-from typing import Iterable, Sequence
+import shutil
+from typing import Sequence
 
 import numpy as np
 
-from zaya_jax.data.inputs import expand_inputs, iter_documents
+from zaya_jax.data import packing
+from zaya_jax.data.inputs import expand_inputs
+from zaya_jax.data.packing import read_json, write_json
+from zaya_jax.data.parallel import ENGINE_DIR, TaskStep, run_tasks
+from zaya_jax.data.tasks import default_task_bytes, plan_tasks
 from zaya_jax.data.tokenizer import DataError, Tokenizer, load_tokenizer
 
-FORMAT = "zaya_jax.packed.v1"
+FORMAT = "zaya_jax.packed.v2"
+READABLE_FORMATS = ("zaya_jax.packed.v1", FORMAT)  # v1: one stream of shards at the top level; read the same way
 MANIFEST, CONFIG, LOCK = "manifest.json", "prepare.json", ".prepare.lock"
 
 
-# ----------------------------------------------------------------------------- small helpers
 def _stat(path: str) -> os.stat_result:
     try:
         return os.stat(path)
@@ -46,29 +53,6 @@ def _stat(path: str) -> os.stat_result:
 
 def _fingerprint(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _write_atomic(path: str, write) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _write_json(path: str, obj) -> None:
-    _write_atomic(path, lambda f: f.write(json.dumps(obj, indent=1, sort_keys=True).encode()))
-
-
-def _read_json(path: str):
-    with open(path) as f:
-        return json.load(f)
-
-
-def shard_names(index: int) -> tuple[str, str, str]:
-    stem = f"shard-{index:05d}"
-    return f"{stem}.tokens.npy", f"{stem}.segments.npy", f"{stem}.json"
 
 
 @contextlib.contextmanager
@@ -81,77 +65,12 @@ def _locked(output_dir: str):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _token_dtype(vocab_size: int) -> np.dtype:
-    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
-
-
-# ----------------------------------------------------------------------------- packing
-class _Packer:
-    """Fills a flat shard buffer of `shard_rows * row_len` tokens and writes full shards."""
-
-    def __init__(self, out: str, tok: Tokenizer, row_len: int, shard_rows: int, first_shard: int):
-        self.out, self.tok, self.row_len, self.shard_rows = out, tok, row_len, shard_rows
-        self.cap = row_len * shard_rows
-        self.buf = np.zeros(self.cap, _token_dtype(tok.vocab_size))
-        self.seg_dtype = np.dtype(np.uint16 if row_len < 2**16 else np.uint32)
-        self.fill, self.runs = 0, []  # runs: (doc ordinal, length) in buffer order
-        self.shard = first_shard
-        self.tokens = first_shard * self.cap
-
-    def add(self, ordinal: int, tokens: np.ndarray, start: int = 0) -> None:
-        """Append tokens[start:] of document `ordinal` (eos already appended)."""
-        pos = start
-        while pos < tokens.size:
-            n = min(tokens.size - pos, self.cap - self.fill)
-            self.buf[self.fill : self.fill + n] = tokens[pos : pos + n]
-            self.runs.append((ordinal, n))
-            self.fill, pos, self.tokens = self.fill + n, pos + n, self.tokens + n
-            if self.fill == self.cap:
-                nxt = dict(doc=ordinal, offset=pos) if pos < tokens.size else dict(doc=ordinal + 1, offset=0)
-                self._flush(nxt, final=None)
-
-    def finish(self, num_documents: int) -> None:
-        """Write the last, padded, partial shard, or mark the last full shard final."""
-        final = dict(documents=num_documents, tokens=self.tokens)
-        if self.fill:
-            self._flush(dict(doc=num_documents, offset=0), final)
-        else:  # the stream ended exactly on a shard boundary
-            side = os.path.join(self.out, shard_names(self.shard - 1)[2])
-            _write_json(side, dict(_read_json(side), final=final))
-
-    def _flush(self, nxt: dict, final: dict | None) -> None:
-        rows = -(-self.fill // self.row_len)
-        n = rows * self.row_len
-        tokens = self.buf[:n].copy()
-        tokens[self.fill :] = self.tok.pad_id
-        ords = np.repeat(np.array([o for o, _ in self.runs], np.int64), [k for _, k in self.runs])
-        ords = np.concatenate([ords, np.full(n - self.fill, -1, np.int64)]).reshape(rows, self.row_len)
-        segs = np.where(ords >= 0, ords - ords[:, :1] + 1, 0).astype(self.seg_dtype)
-        tok_name, seg_name, side_name = (os.path.join(self.out, x) for x in shard_names(self.shard))
-        _write_atomic(tok_name, lambda f: np.save(f, tokens.reshape(rows, self.row_len)))
-        _write_atomic(seg_name, lambda f: np.save(f, segs))
-        _write_json(side_name, dict(rows=rows, next=nxt, final=final))
-        self.shard, self.fill, self.runs = self.shard + 1, 0, []
-
-
-def _completed(out: str) -> list[dict]:
-    """Sidecars of the consecutive complete shards 0..k-1 already on disk."""
-    done = []
-    while True:
-        tok_name, seg_name, side_name = (os.path.join(out, x) for x in shard_names(len(done)))
-        if not all(os.path.exists(p) for p in (tok_name, seg_name, side_name)):
-            return done
-        done.append(_read_json(side_name))
-        if done[-1]["final"]:
-            return done
-
-
 def _check_output_dir(out: str, config: dict, fp: str) -> dict | None:
     """The finished manifest if `out` already holds this preparation; raise if it holds anything else."""
     for name in (MANIFEST, CONFIG):
         path = os.path.join(out, name)
         if os.path.exists(path):
-            old = _read_json(path)
+            old = read_json(path)
             if old.get("config_fingerprint") != fp:
                 oc = old.get("config", {})
                 diff = sorted(k for k in set(oc) | set(config) if oc.get(k) != config.get(k)) or ["format"]
@@ -162,13 +81,50 @@ def _check_output_dir(out: str, config: dict, fp: str) -> dict | None:
             if name == MANIFEST:
                 return old
             return None
-    others = [e for e in os.listdir(out) if e != LOCK and not e.endswith(".tmp")]
+    others = [e for e in os.listdir(out) if e not in (LOCK, ENGINE_DIR) and not e.endswith(".tmp")]
     if others:
         raise DataError(
             f"output dir {out} is not empty and holds no zaya_jax preparation "
             f"(found {others[:3]}); choose an empty or new directory"
         )
     return None
+
+
+def _check_args(seq_len: int, shard_size: int, eval_fraction: float, workers: int, num_nodes: int, node_rank: int):
+    if seq_len < 1 or shard_size < 1 or not 0.0 <= eval_fraction < 1.0:
+        raise DataError(
+            f"need seq_len >= 1, shard_size >= 1 and 0 <= eval_fraction < 1; got "
+            f"{seq_len}, {shard_size}, {eval_fraction}"
+        )
+    if workers < 1 or not 0 <= node_rank < num_nodes:
+        raise DataError(
+            f"need workers >= 1 and 0 <= node_rank < num_nodes; got workers={workers}, "
+            f"node_rank={node_rank}, num_nodes={num_nodes}"
+        )
+
+
+def _make_dir(output_dir: str) -> None:
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise DataError(f"output {output_dir} exists and is not a directory; choose a directory path")
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"cannot create output directory {output_dir}: {e.strerror}") from e
+
+
+def _remove_preparation(out: str) -> None:
+    """Remove what a failed first run wrote (only the names a preparation writes)."""
+    for name in os.listdir(out):
+        path = os.path.join(out, name)
+        if name.startswith("task-") or name == ENGINE_DIR:
+            shutil.rmtree(path, ignore_errors=True)
+        elif name == CONFIG:
+            os.remove(path)
+
+
+def node_tasks(num_tasks: int, num_nodes: int, node_rank: int) -> range:
+    """The contiguous share of tasks [0, num_tasks) that machine `node_rank` of `num_nodes` runs."""
+    return range(num_tasks * node_rank // num_nodes, num_tasks * (node_rank + 1) // num_nodes)
 
 
 def prepare(
@@ -182,20 +138,23 @@ def prepare(
     eval_fraction: float = 0.02,
     vocab_size: int | None = None,
     progress: bool = True,
-) -> dict:
+    task_bytes: int | None = None,
+    workers: int = 1,
+    num_nodes: int = 1,
+    node_rank: int = 0,
+) -> dict | None:
     """Tokenize and pack `inputs` into `output_dir`; returns the manifest dict.
 
-    Idempotent and resumable: complete shards of an interrupted run are kept; a finished
-    preparation with the same configuration is returned without any work.
+    `task_bytes` (default: `tasks.default_task_bytes`) sets the task size and so the output; `workers` (processes
+    on this machine), `num_nodes` / `node_rank` (this machine's share of the tasks) do not. With several machines
+    only the last to finish writes the manifest; the others return None. Idempotent and resumable: complete tasks
+    of an interrupted run are kept; a finished preparation with the same configuration is returned without work.
     """
     tok = load_tokenizer(tokenizer, vocab_size=vocab_size)
-    if seq_len < 1 or shard_size < 1 or not 0.0 <= eval_fraction < 1.0:
-        raise DataError(
-            f"need seq_len >= 1, shard_size >= 1 and 0 <= eval_fraction < 1; got "
-            f"{seq_len}, {shard_size}, {eval_fraction}"
-        )
+    _check_args(seq_len, shard_size, eval_fraction, workers, num_nodes, node_rank)
     files = expand_inputs(inputs)
-    stats = [_stat(f) for f in files]
+    sizes = [_stat(f).st_size for f in files]
+    task_bytes = int(task_bytes or default_task_bytes(sum(sizes)))
     config = dict(
         format=FORMAT,
         tokenizer=tok.describe(),
@@ -203,114 +162,65 @@ def prepare(
         shard_size=int(shard_size),
         text_key=text_key,
         eval_fraction=float(eval_fraction),
-        inputs=[[f, s.st_size, s.st_mtime_ns] for f, s in zip(files, stats)],
+        task_bytes=task_bytes,
+        inputs=[[f, size, _stat(f).st_mtime_ns] for f, size in zip(files, sizes)],
     )
     fp = _fingerprint(config)
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise DataError(f"output {output_dir} exists and is not a directory; choose a directory path")
-    try:
-        os.makedirs(output_dir, exist_ok=True)
-    except OSError as e:
-        raise DataError(f"cannot create output directory {output_dir}: {e.strerror}") from e
+    _make_dir(output_dir)
     with _locked(output_dir):
         manifest = _check_output_dir(output_dir, config, fp)
         if manifest is not None:
             return manifest
-        _write_json(os.path.join(output_dir, CONFIG), dict(config_fingerprint=fp, config=config))
-        done = _completed(output_dir)
-        if not (done and done[-1]["final"]):
-            try:
-                _pack(
-                    iter_documents(files, text_key),
-                    output_dir,
-                    tok,
-                    seq_len + 1,
-                    shard_size,
-                    done,
-                    sum(s.st_size for s in stats),
-                    progress,
-                )
-            except DataError:
-                if not done:  # everything in the directory is this run's: nothing may block a fixed rerun
-                    for name in os.listdir(output_dir):
-                        if name == CONFIG or name.startswith("shard-"):
-                            os.remove(os.path.join(output_dir, name))
-                raise
-            done = _completed(output_dir)
-        manifest = _manifest(output_dir, tok, config, fp, done)
-        _write_json(os.path.join(output_dir, MANIFEST), manifest)
-        return manifest
-
-
-ENCODE_BATCH = 64  # documents per `Tokenizer.encode_batch` call (tokenizers encodes a batch in parallel)
-
-
-def _batched(items: Iterable, size: int) -> Iterable[list]:
-    """Lists of up to `size` consecutive items."""
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _pack(
-    docs: Iterable[tuple[str, str]],
-    out: str,
-    tok: Tokenizer,
-    row_len: int,
-    shard_rows: int,
-    done: list[dict],
-    total_bytes: int,
-    progress: bool,
-) -> int:
-    """Pack documents into shards after the `done` ones; returns the number of documents seen."""
-    from tqdm import tqdm
-
-    resume = done[-1]["next"] if done else dict(doc=0, offset=0)
-    packer = _Packer(out, tok, row_len, shard_rows, first_shard=len(done))
-    eos = np.array([tok.eos_id], np.int32)
-    ordinal, last_path = -1, None
-    bar = tqdm(
-        total=total_bytes, unit="B", unit_scale=True, desc=f"prepare {os.path.basename(out)}", disable=not progress
+        fresh = not os.path.exists(os.path.join(output_dir, CONFIG))
+        if fresh:
+            write_json(os.path.join(output_dir, CONFIG), dict(config_fingerprint=fp, config=config))
+    tasks = plan_tasks(files, sizes, task_bytes)
+    step = TaskStep(
+        output_dir,
+        tasks,
+        tokenizer,
+        vocab_size,
+        tok=tok,
+        row_len=seq_len + 1,
+        shard_rows=shard_size,
+        text_key=text_key,
     )
-    for batch in _batched(enumerate(docs), ENCODE_BATCH):
-        todo = [(ordinal, text) for ordinal, (_, text) in batch if ordinal >= resume["doc"]]
-        encoded = dict(zip((o for o, _ in todo), tok.encode_batch([t for _, t in todo]) if todo else []))
-        for ordinal, (path, _) in batch:
-            if path != last_path:
-                if last_path is not None:
-                    bar.update(os.path.getsize(last_path))
-                last_path = path
-                bar.set_postfix(docs=ordinal, shards=packer.shard, refresh=False)
-            if ordinal not in encoded:
-                continue
-            ids = encoded.pop(ordinal)
-            if ids.size and (int(ids.max()) >= tok.vocab_size or int(ids.min()) < 0):
-                bad = int(ids.max()) if int(ids.max()) >= tok.vocab_size else int(ids.min())
-                raise DataError(
-                    f"token id {bad} in {path} is outside [0, vocab_size={tok.vocab_size}); use a "
-                    "larger vocab_size or the tokenizer the vocab was built for"
-                )
-            start = resume["offset"] if ordinal == resume["doc"] else 0
-            packer.add(ordinal, np.concatenate([ids, eos]), start)
-    if last_path is not None:
-        bar.update(os.path.getsize(last_path))
-    bar.close()
-    num_documents = ordinal + 1
-    if num_documents == 0:
+    try:
+        run_tasks(step, node_tasks(len(tasks), num_nodes, node_rank), workers=workers, progress=progress)
+        with _locked(output_dir):
+            return _merge(output_dir, tok, config, fp, len(tasks))
+    except DataError:
+        if fresh and num_nodes == 1:  # everything in the directory is this run's: nothing may block a fixed rerun
+            _remove_preparation(output_dir)
+        raise
+
+
+def _merge(out: str, tok: Tokenizer, config: dict, fp: str, num_tasks: int) -> dict | None:
+    """Write the manifest once every task is done (None while some are not); the same for any worker count."""
+    path = os.path.join(out, MANIFEST)
+    if os.path.exists(path):
+        return read_json(path)
+    summaries = []
+    for index in range(num_tasks):
+        marker = os.path.join(out, packing.task_name(index), packing.DONE)
+        if not os.path.exists(marker):
+            return None
+        summaries.append(read_json(marker))
+    if not sum(s["documents"] for s in summaries):
         raise DataError("the inputs contain no documents (all files empty or blank); check --input")
-    packer.finish(num_documents)
-    return num_documents
+    shards = [
+        dict(zip(("tokens", "segments"), (f"{packing.task_name(t)}/{n}" for n in packing.shard_names(i)[:2])), rows=r)
+        for t, s in enumerate(summaries)
+        for i, r in enumerate(s["rows"])
+    ]
+    manifest = _manifest(tok, config, fp, shards, summaries)
+    write_json(path, manifest)
+    return manifest
 
 
-def _manifest(out: str, tok: Tokenizer, config: dict, fp: str, done: list[dict]) -> dict:
-    final = done[-1]["final"]
-    shards = [dict(zip(("tokens", "segments"), shard_names(i)[:2]), rows=s["rows"]) for i, s in enumerate(done)]
+def _manifest(tok: Tokenizer, config: dict, fp: str, shards: list[dict], summaries: list[dict]) -> dict:
     num_rows = sum(s["rows"] for s in shards)
+    num_tokens = sum(s["tokens"] for s in summaries)
     row_len = config["seq_len"] + 1
     frac = config["eval_fraction"]
     n_eval = min(max(int(round(num_rows * frac)), 1 if frac > 0 else 0), num_rows - 1)
@@ -325,11 +235,12 @@ def _manifest(out: str, tok: Tokenizer, config: dict, fp: str, done: list[dict])
         bos_id=tok.bos_id,
         seq_len=config["seq_len"],
         row_len=row_len,
-        token_dtype=_token_dtype(tok.vocab_size).name,
-        num_documents=final["documents"],
-        num_tokens=final["tokens"],
+        token_dtype=packing.token_dtype(tok.vocab_size).name,
+        num_documents=sum(s["documents"] for s in summaries),
+        num_tokens=num_tokens,
         num_rows=num_rows,
-        num_padding=num_rows * row_len - final["tokens"],
+        num_padding=num_rows * row_len - num_tokens,
+        num_tasks=len(summaries),
         shards=shards,
         splits=dict(train=[0, num_rows - n_eval], eval=[num_rows - n_eval, num_rows]),
     )
@@ -344,8 +255,8 @@ def load_manifest(prepared_dir: str) -> dict:
             f"{prepared_dir} has no {MANIFEST}: it is not a finished preparation; run "
             "launch/prepare_data.py --input ... --output that_dir"
         )
-    manifest = _read_json(path)
-    if manifest.get("format") != FORMAT:
+    manifest = read_json(path)
+    if manifest.get("format") not in READABLE_FORMATS:
         raise DataError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}; prepare it again")
     return manifest
 
