@@ -1,0 +1,181 @@
+"""Parallel preparation: task planning, output independent of workers / machines, crash + rerun, bad input."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from zaya_jax.data import inputs, packing, pipeline, tasks
+from zaya_jax.data import prepare as prep
+from zaya_jax.data.tokenizer import ByteTokenizer, DataError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KW = dict(seq_len=15, shard_size=3, task_bytes=300, eval_fraction=0.1, progress=False)
+
+
+def _corpus(root) -> list[str]:
+    """Documents in input order of a small corpus: 2 JSONL files (one cut into byte ranges), 3 text files."""
+    os.makedirs(root, exist_ok=True)
+    docs = []
+    for name, n in (("a.jsonl", 40), ("c.jsonl", 7)):
+        texts = [f"{name} record {i} " + "xyz" * (i % 5) + "é" * (i % 3) for i in range(n)]
+        with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+            f.writelines(json.dumps({"text": t}) + "\n" for t in texts)
+        docs.append((name, texts))
+    for name in ("b.txt", "d.md", "e.txt"):
+        text = f"plain file {name}\n" * 9
+        with open(os.path.join(root, name), "w", encoding="utf-8") as f:
+            f.write(text)
+        docs.append((name, [text]))
+    return [t for _, texts in sorted(docs) for t in texts]
+
+
+def _files(out) -> dict[str, bytes]:
+    """Every file of a prepared dir except the engine's logs and the lock, by relative path."""
+    found = {}
+    for p in sorted(glob.glob(os.path.join(out, "**"), recursive=True)):
+        rel = os.path.relpath(p, out)
+        if os.path.isfile(p) and not rel.startswith(".datatrove") and not rel.endswith(".lock"):
+            found[rel] = open(p, "rb").read()
+    return found
+
+
+def _stream(out) -> list[int]:
+    """The non-padding tokens of all rows in manifest order."""
+    m = prep.load_manifest(out)
+    toks = np.concatenate([np.load(os.path.join(out, s["tokens"])) for s in m["shards"]])
+    segs = np.concatenate([np.load(os.path.join(out, s["segments"])) for s in m["shards"]])
+    return toks[segs != 0].tolist()
+
+
+def _expected_stream(docs) -> list[int]:
+    """Independent reference: every document's UTF-8 bytes + 3 (byte tokenizer), then eos (1), in input order."""
+    return [t for d in docs for t in [b + 3 for b in d.encode()] + [1]]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    root = tmp_path_factory.mktemp("par")
+    docs = _corpus(root / "in")
+    out = str(root / "w1")
+    manifest = prep.prepare([str(root / "in")], out, workers=1, **KW)
+    return root, docs, out, manifest
+
+
+def test_tasks_cut_jsonl_by_byte_range_and_cover_every_document(tmp_path):
+    docs = _corpus(tmp_path)
+    files = inputs.expand_inputs([str(tmp_path)])
+    plan = tasks.plan_tasks(files, [os.path.getsize(f) for f in files], 300)
+    assert any(start > 0 for task in plan for _, start, _ in task)  # a.jsonl is cut into ranges
+    read = [text for task in plan for _, text in inputs.iter_chunk_documents(task)]
+    assert read == docs
+    assert tasks.plan_tasks(files, [os.path.getsize(f) for f in files], 300) == plan  # deterministic
+    assert tasks.default_task_bytes(10 * 10**12) == 256 << 20 and tasks.default_task_bytes(1000) == 1 << 20
+
+
+def test_reference_stream_and_split(reference):
+    _, docs, out, manifest = reference
+    assert manifest["num_tasks"] > 4 and manifest["num_documents"] == len(docs)
+    assert _stream(out) == _expected_stream(docs)
+    assert manifest["splits"]["eval"][1] == manifest["num_rows"] > manifest["splits"]["eval"][0]
+
+
+def test_four_workers_write_identical_files(reference):
+    root, _, out, manifest = reference
+    out4 = str(root / "w4")
+    assert prep.prepare([str(root / "in")], out4, workers=4, **KW) == manifest
+    assert _files(out4) == _files(out)
+    # A finished preparation is returned without work and without touching a file, whatever the worker count.
+    mtimes = {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(out4, "**"), recursive=True)}
+    assert prep.prepare([str(root / "in")], out4, workers=2, **KW) == manifest
+    assert {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(out4, "**"), recursive=True)} == mtimes
+
+
+class _Crash(RuntimeError):
+    pass
+
+
+class _CountingByte(ByteTokenizer):
+    calls = 0
+
+    def encode_array(self, text):
+        type(self).calls += 1
+        return super().encode_array(text)
+
+
+def test_crash_mid_task_then_rerun_gives_the_same_files(reference, monkeypatch):
+    root, docs, out, manifest = reference
+    crashed = str(root / "crashed")
+    crash_at = len(manifest["shards"]) // 2
+    flush = packing._Packer._flush
+    calls = []
+
+    def flaky_flush(self, nxt, final):
+        calls.append(1)
+        if len(calls) == crash_at:  # dies half-way through the job, after earlier tasks completed
+            raise _Crash("killed")
+        flush(self, nxt, final)
+
+    monkeypatch.setattr(packing._Packer, "_flush", flaky_flush)
+    with pytest.raises(_Crash):
+        prep.prepare([str(root / "in")], crashed, workers=1, **KW)
+    monkeypatch.setattr(packing._Packer, "_flush", flush)
+    assert not os.path.exists(os.path.join(crashed, "manifest.json"))
+    done_before = sorted(glob.glob(os.path.join(crashed, "task-*", "done.json")))
+    assert done_before
+    mtimes = {p: os.stat(p).st_mtime_ns for p in done_before}
+    _CountingByte.calls = 0
+    prep.prepare([str(root / "in")], crashed, workers=1, tokenizer=_CountingByte(), **KW)
+    assert 0 < _CountingByte.calls < len(docs)  # only the unfinished tasks were redone
+    assert {p: os.stat(p).st_mtime_ns for p in done_before} == mtimes  # finished tasks untouched
+    assert _files(crashed) == _files(out)
+
+
+@pytest.mark.slow
+def test_four_separate_task_processes_like_four_machines(reference):
+    root, _, out, _ = reference
+    sep = str(root / "sep")
+    cmd = [sys.executable, "-m", "launch.prepare_data", f"--input={root / 'in'}", f"--output={sep}", "--workers=1"]
+    flags = [f"--{k}={v}" for k, v in KW.items() if k != "progress"] + ["--num_nodes=4"]
+    procs = [
+        subprocess.Popen(cmd + flags + [f"--node_rank={i}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for i in range(4)
+    ]
+    results = [(p.wait(timeout=240), p.stdout.read().decode()) for p in procs]
+    assert [rc for rc, _ in results] == [0] * 4, results
+    assert sum("documents" in text for _, text in results) >= 1  # the last one to finish wrote the manifest
+    assert _files(sep) == _files(out)
+
+
+def test_bad_record_in_a_later_task_is_one_error_and_leaves_nothing(tmp_path):
+    _corpus(tmp_path / "in")
+    with open(tmp_path / "in" / "c.jsonl", "a") as f:
+        f.write('{"text": "ok"}\n{"body": "no text"}\n')
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match=r"c\.jsonl:(\d+|byte \d+): no string field 'text'"):
+        prep.prepare([str(tmp_path / "in")], str(out), workers=2, **KW)
+    assert os.listdir(out) == [prep.LOCK]  # a fixed rerun starts clean
+    with pytest.raises(DataError, match="need workers >= 1"):
+        prep.prepare([str(tmp_path / "in")], str(out), workers=2, num_nodes=2, node_rank=2, seq_len=8)
+
+
+def test_iterator_state_survives_prefetch_and_process_count_changes(reference):
+    _, _, out, _ = reference
+    one = pipeline.make_train_iterator([out], seed=3, process_index=0, process_count=1, prefetch=True)
+    one.next_batch(4)
+    state = one.get_state()
+    want = one.next_batch(4)
+    one.close()
+    halves = []
+    for p in range(2):
+        it = pipeline.make_train_iterator([out], seed=3, process_index=p, process_count=2, prefetch=False)
+        it.set_state(state)
+        halves.append(it.next_batch(4))
+    for key in want:
+        assert np.array_equal(np.concatenate([h[key] for h in halves]), want[key])
