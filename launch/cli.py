@@ -17,7 +17,8 @@
 * Host setup before `main` (`jax_flags=True`, every launcher but the jax-free `launch.supervise`): jax's own
   options are flags too (`jax.config.config_with_absl()`: `--jax_platforms=cpu`, `--jax_num_cpu_devices=4`, ...),
   `--cpu_devices` emulates CPU devices (`launch.cpu_devices`), a persistent compilation cache is switched on
-  (`compilation_cache`), and jax's probe for a TPU runtime stays off the console.
+  (`compilation_cache`), jax's probe for a TPU runtime stays off the console, and a launcher started by
+  `launch.supervise` stops when its supervisor dies (`zaya_jax.checkpoint.orphan.watch_supervisor`).
 * `--config=experiments/NAME.py[:arg]` also works outside a checkout (after `pip install .`): a path under
   `experiments/` that does not exist relative to the working directory is looked up among the installed
   configs (`zaya_jax.config.resolve_config_path`).
@@ -34,6 +35,8 @@ import warnings
 from typing import Callable, NoReturn
 
 from absl import app, flags
+
+from zaya_jax.checkpoint.orphan import watch_supervisor
 
 EXIT_FAILURE, EXIT_BAD_INPUT = 1, 78
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -203,6 +206,7 @@ def run(main: Callable[[list[str]], None], prog: str, *, jax_flags: bool = True)
     def guarded(argv: list[str]) -> None:
         try:
             if jax_flags:
+                watch_supervisor()  # a supervised launcher stops when its supervisor dies
                 _setup_host()
             main(argv)
         except known_errors() as err:

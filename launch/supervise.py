@@ -20,7 +20,15 @@ shell): its heartbeats, not the child's pid, decide. The supervisor
   or `--devices`) before every start and exports `ZAYA_AVAILABLE_DEVICES`, so the trainer rebuilds a
   smaller mesh (`mesh.data=-1`) and restores onto it;
 * forwards SIGTERM/SIGINT to the trainer (which saves and exits) and then stops; kills (SIGKILL) reach the
-  child's process group and the trainer itself if a wrapper moved it out of that group (same host only).
+  child's process group and the trainer itself if a wrapper moved it out of that group (same host only);
+* is never outlived by its trainer: the child gets SIGTERM when the supervisor dies (Linux parent-death
+  signal), and the trainer watches the supervisor's pid ($ZAYA_SUPERVISOR_PID) itself, saves and exits,
+  and is killed `--orphan_grace` s later if still running (`zaya_jax.checkpoint.orphan`);
+* takes over a workdir whose trainer outlived a dead supervisor (on this host): it stops that trainer
+  (SIGTERM, SIGKILL after `--grace` s) and starts its own, which resumes from the last checkpoint. A trainer
+  still watched by a live supervisor, or started without one, is left alone (the new trainer then stops
+  with "in use", exit 78).
+A trainer command that cannot be started (a missing program) is a usage error: one line, exit 78.
 Every event goes to the JSONL event log shared with the trainer (`--event_log`, default
 `<workdir>/events.jsonl`); the last row is a summary (restarts by reason, steps lost, downtime).
 """
@@ -28,7 +36,9 @@ Every event goes to the JSONL event log shared with the trainer (`--event_log`, 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -43,14 +53,24 @@ from launch.cli import EXIT_BAD_INPUT
 from zaya_jax.checkpoint.elastic import AVAILABLE_DEVICES_ENV
 from zaya_jax.checkpoint.events import ATTEMPT_ENV, EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
 from zaya_jax.checkpoint.faults import available_devices_file, read_available_devices
+from zaya_jax.checkpoint.lock import holder
+from zaya_jax.checkpoint.orphan import (
+    ORPHAN_GRACE_ENV,
+    SUPERVISOR_PID_ENV,
+    SUPERVISOR_START_ENV,
+    die_with_parent,
+    process_alive,
+    start_time,
+)
 
 _STEP_EVENTS = ("save", "fault", "preempted", "finish")
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("max_restarts", 10, "restarts before giving up", lower_bound=0)
-flags.DEFINE_float("heartbeat_timeout", 600.0, "s without a new step while training", lower_bound=0)
-flags.DEFINE_float("startup_timeout", 1800.0, "s until the first step / after the last", lower_bound=0)
+flags.DEFINE_float("heartbeat_timeout", 600.0, "s without a new step while training (> 0)")
+flags.DEFINE_float("startup_timeout", 1800.0, "s until the first step / after the last (> 0)")
 flags.DEFINE_float("backoff", 5.0, "first restart delay (s), doubled per failure", lower_bound=0)
 flags.DEFINE_float("max_backoff", 300.0, "longest restart delay (s)", lower_bound=0)
+flags.DEFINE_float("orphan_grace", 15.0, "s a trainer whose supervisor died gets to save before SIGKILL (> 0)")
 flags.DEFINE_string("workdir", None, "default: the trainer's --workdir")
 flags.DEFINE_string("checkpoint_dir", None, "default: --config.checkpoint.dir or <workdir>/checkpoints")
 flags.DEFINE_string("event_log", None, "default: <workdir>/events.jsonl")
@@ -58,6 +78,8 @@ flags.DEFINE_string("available_devices_file", None, "default: <workdir>/availabl
 flags.DEFINE_integer("devices", None, "initial available device count", lower_bound=1)
 flags.DEFINE_float("grace", 120.0, "s a signalled trainer gets to save and exit", lower_bound=0)
 flags.DEFINE_float("poll", 0.5, "s between checks of the trainer", lower_bound=0.01)
+_POSITIVE = ("heartbeat_timeout", "startup_timeout", "orphan_grace")
+_FINITE = ("heartbeat_timeout", "startup_timeout", "backoff", "max_backoff", "orphan_grace", "grace", "poll")
 
 
 def settings(command: list[str]) -> types.SimpleNamespace:
@@ -84,10 +106,14 @@ def settings(command: list[str]) -> types.SimpleNamespace:
                 "devices",
                 "grace",
                 "poll",
+                "orphan_grace",
             )
         },
         command=list(command),
     )
+    _check_numbers(args)
+    if shutil.which(args.command[0]) is None:
+        cli.fail("supervise", f"trainer command {args.command[0]!r} not found or not executable; check the command")
     args.workdir = args.workdir or _flag_value(args.command, "--workdir")
     if not args.workdir:
         cli.fail("supervise", "pass --workdir (or --workdir=... in the trainer command)")
@@ -100,6 +126,16 @@ def settings(command: list[str]) -> types.SimpleNamespace:
     args.event_log = args.event_log or os.path.join(args.workdir, "events.jsonl")
     args.available_devices_file = args.available_devices_file or available_devices_file(args.workdir)
     return args
+
+
+def _check_numbers(args: types.SimpleNamespace) -> None:
+    """Finite seconds everywhere; timeouts and the orphan grace > 0 (a 0 would kill every trainer at once)."""
+    for name in _FINITE:
+        if not math.isfinite(getattr(args, name)):
+            cli.fail("supervise", f"--{name}={getattr(args, name)} must be a finite number of seconds")
+    for name in _POSITIVE:
+        if getattr(args, name) <= 0:
+            cli.fail("supervise", f"--{name}={getattr(args, name)} must be > 0 seconds")
 
 
 def _flag_value(command: list[str], flag: str) -> str | None:
@@ -167,17 +203,52 @@ class Supervisor:
             time.sleep(0.1)
         return rc
 
+    def take_over_orphan(self) -> None:
+        """Stop a trainer on this workdir (this host) whose supervisor is dead, so this one can restart it."""
+        rec = holder(self.args.workdir)
+        sup = rec.get("supervisor") if rec else None
+        if not sup or rec.get("host") != socket.gethostname() or process_alive(*sup):
+            return  # nobody, another host, a live supervisor's or an unsupervised run: the trainer decides
+        pid = int(rec["pid"])
+        self.events.write("takeover", trainer_pid=pid, dead_supervisor_pid=sup[0], since=rec.get("since"))
+        print(
+            f"supervise: taking over {self.args.workdir}: its trainer (pid {pid}) outlived its supervisor "
+            f"(pid {sup[0]}); stopping it to restart it from its last checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        for sig, wait_s in ((signal.SIGTERM, self.args.grace), (signal.SIGKILL, 30.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                return
+            deadline = time.time() + wait_s
+            while time.time() < deadline and process_alive(pid):
+                time.sleep(0.1)
+            if not process_alive(pid):
+                return
+
     def run_attempt(self, attempt: int, devices: int | None) -> dict:
         """Start the trainer once and watch it until it exits or is killed."""
         self.attempt_id, self.trainer_pid = f"{self.run_id}.{attempt}", None
         env = dict(
             os.environ,
-            **{HEARTBEAT_ENV: self.heartbeat_file, EVENT_LOG_ENV: self.args.event_log, ATTEMPT_ENV: self.attempt_id},
+            **{
+                HEARTBEAT_ENV: self.heartbeat_file,
+                EVENT_LOG_ENV: self.args.event_log,
+                ATTEMPT_ENV: self.attempt_id,
+                SUPERVISOR_PID_ENV: str(os.getpid()),
+                SUPERVISOR_START_ENV: start_time(os.getpid()) or "",
+                ORPHAN_GRACE_ENV: str(self.args.orphan_grace),
+            },
         )
         if devices is not None:
             env[AVAILABLE_DEVICES_ENV] = str(devices)
         start = time.time()
-        self.proc = subprocess.Popen(self.args.command, env=env, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(self.args.command, env=env, start_new_session=True, preexec_fn=die_with_parent)
+        except OSError as err:  # found by `which` but cannot be run (permissions, a bad interpreter line)
+            cli.fail("supervise", f"cannot start the trainer command {self.args.command[0]!r}: {err.strerror}")
         self.events.write(
             "child_start",
             attempt=attempt,
@@ -280,6 +351,7 @@ class Supervisor:
             max_restarts=self.args.max_restarts,
             heartbeat_timeout=self.args.heartbeat_timeout,
         )
+        self.take_over_orphan()
         attempt, no_progress, prev, devices_before, ok = 0, 0, None, None, False
         while True:
             devices = self._devices()

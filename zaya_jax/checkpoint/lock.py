@@ -2,7 +2,9 @@
 (no jax import).
 
 The lock of a directory is the file `<dir>/.zaya.lock`, held with `flock` for as long as the holder runs and
-holding a JSON record of the holder: {"host", "pid", "owner", "since", "command"}. The kernel drops a flock
+holding a JSON record of the holder: {"host", "pid", "owner", "since", "command", "supervisor"} (the
+supervisor's [pid, start time] when `launch.supervise` started the holder, else null; `holder` reads it so
+a new supervisor can take over the trainer of a dead one). The kernel drops a flock
 when its holder dies (SIGKILL included), so the lock of a dead process is taken over; its record is returned
 so the caller can log the takeover. A lock held from another host (a shared filesystem) is waited for up to
 `wait_s` seconds first, since a filesystem may take a while to notice a dead client. Where the filesystem
@@ -27,6 +29,7 @@ import threading
 import time
 
 from zaya_jax.checkpoint.errors import CheckpointConfigError, WorkdirLockedError
+from zaya_jax.checkpoint.orphan import supervisor_from_env
 
 LOCK_NAME = ".zaya.lock"
 REFRESH_S, STALE_S = 60.0, 300.0  # no-flock filesystems: holder refresh period / age of a dead holder's file
@@ -42,6 +45,7 @@ def _record(owner: str) -> dict:
         "owner": owner,
         "since": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": " ".join(sys.argv)[:300],
+        "supervisor": supervisor_from_env(),
     }
 
 
@@ -78,6 +82,26 @@ def _holder(rec: dict | None) -> str:
     if not rec:
         return "another process"
     return f"{rec.get('owner', 'a process')} (pid {rec.get('pid')} on {rec.get('host')}, since {rec.get('since')})"
+
+
+def holder(directory: str) -> dict | None:
+    """The record of the live process holding `directory`'s lock (flock held), or None if nobody holds it
+    (or the filesystem has no flock: then the holder's own acquire decides)."""
+    path = os.path.join(os.path.abspath(os.path.expanduser(directory)), LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    except BlockingIOError:
+        return _read(fd) or {}
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 class DirLock:

@@ -45,6 +45,7 @@ from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, H
 from zaya_jax.checkpoint.guard import LossGuard
 from zaya_jax.checkpoint.lock import DirLock
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
+from zaya_jax.checkpoint.orphan import watch_supervisor
 from zaya_jax.config import validate_checkpoint
 
 
@@ -111,6 +112,7 @@ class TrainCheckpointer:
         if handle_signals and not self._multi_process and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        watch_supervisor()  # no-op unless launch.supervise started us (and the launcher has not started it)
 
     # ---- signals ---------------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
