@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import sys
@@ -68,6 +69,29 @@ def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.stderr.flush()
     print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+def require_numbers(
+    *names: str, minimum: float | None = None, above: float | None = None, maximum: float | None = None
+) -> None:
+    """Numeric flags `names` (when given) must be finite, >= minimum, > above and <= maximum; checked while the
+    flags are parsed, so a bad value stops with one line before anything runs (absl's bounds let NaN through)."""
+    bounds = [f">= {minimum:g}" if minimum is not None else "", f"> {above:g}" if above is not None else ""]
+    bounds.append(f"<= {maximum:g}" if maximum is not None else "")
+    what = " and ".join(["a finite number", *(b for b in bounds if b)])
+
+    def ok(v) -> bool:
+        if v is None:
+            return True
+        return (
+            math.isfinite(v)
+            and (minimum is None or v >= minimum)
+            and (above is None or v > above)
+            and (maximum is None or v <= maximum)
+        )
+
+    for name in names:
+        flags.register_validator(name, ok, f"--{name} must be {what}", flag_values=flags.FLAGS)
 
 
 def known_errors() -> tuple[type, ...]:

@@ -30,6 +30,7 @@ flags.DEFINE_boolean("stop_at_eos", True, "stop a prompt's continuation at the t
 flags.DEFINE_boolean("bos", False, "prepend the tokenizer's bos id to every prompt")
 flags.mark_flags_as_required(["prompt"])
 flags.register_validator("top_p", lambda p: p > 0, "--top_p must be in (0, 1]")
+cli.require_numbers("temperature", "top_p")
 
 
 def main(argv: list[str]) -> None:
@@ -46,6 +47,14 @@ def main(argv: list[str]) -> None:
     too_big = [i for p in prompts for i in p if i >= model.cfg.vocab_size]
     if too_big:
         cli.fail("generate", f"token id {too_big[0]} >= model vocab_size {model.cfg.vocab_size}; wrong --tokenizer?")
+    positions = int(model.cfg.max_position_embeddings)
+    longest = max(len(p) for p in prompts)
+    if longest + FLAGS.max_new_tokens > positions:
+        cli.fail(
+            "generate",
+            f"--max_new_tokens={FLAGS.max_new_tokens} after a {longest}-token prompt runs past the model's "
+            f"{positions} positions; use --max_new_tokens <= {max(positions - longest, 0)}",
+        )
     ids, lengths = left_pad(prompts, tok.pad_id)
     start = time.perf_counter()
     out = generate(

@@ -44,6 +44,7 @@ _TOKENIZER = flags.DEFINE_string(
 )
 _HF_LAYOUT = flags.DEFINE_enum("hf_layout", "hf", ["hf", "legacy"], "Tensor names of the export.")
 _FROM_HF = flags.DEFINE_string("from_hf", None, "Import this Hugging Face directory as step 0 into --dst.")
+cli.require_numbers("step", minimum=0)
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Training config for --from_hf (default: defaults + the HF model).", lock_config=True
 )

@@ -134,6 +134,20 @@ def _bpe_at(ctx: Context, name: str, vocab_size: int) -> Callable[[], None]:
     return lambda: None
 
 
+def _truncated_hf(ctx: Context, workdir: str) -> Callable[[], None]:
+    """An HF directory (`_w(ctx, "hf_truncated")`) exported from the tiny checkpoint, its safetensors cut in half."""
+    from zaya_jax import hf
+    from zaya_jax.checkpoint import load_model
+
+    out = _w(ctx, "hf_truncated")
+    if not os.path.isdir(out):
+        hf.save_pretrained(load_model(ctx.ckpt)[1], out)
+        weights = os.path.join(out, "model.safetensors")
+        with open(weights, "r+b") as f:
+            f.truncate(os.path.getsize(weights) // 2)
+    return lambda: None
+
+
 BAD_INPUTS: list[BadInput] = [
     # ---- launch.train: config file and fields
     _train("missing_config_file", "--config=nope/missing.py", base=False, ci=True, expect="does not exist"),
@@ -147,6 +161,9 @@ BAD_INPUTS: list[BadInput] = [
     _train("sequence_longer_than_positions", "--config.train.seq_len=4096"),
     _train("negative_eval_every", "--config.train.eval_every=-1"),
     _train("unknown_dispatch", "--config.model.dispatch=bogus"),
+    _train("negative_learning_rate", "--config.optimizer.learning_rate=-1", ci=True, expect="learning_rate=-1"),
+    _train("nan_learning_rate", "--config.optimizer.learning_rate=nan", ci=True, expect="learning_rate=nan must"),
+    _train("inf_adam_learning_rate", "--config.optimizer.adam_learning_rate=inf", ci=True, expect="=inf must"),
     _train("keep_zero_checkpoints", "--config.checkpoint.keep=0"),
     _train("bad_fault_spec", "--config.checkpoint.faults=explode@3"),
     _train("missing_config_flag", base=False),
@@ -241,6 +258,39 @@ BAD_INPUTS: list[BadInput] = [
         setup=lambda c, w: _bpe_at(c, "t2", 280),
         expect="never overwritten",
     ),
+    BadInput(
+        "tokenizer_vocab_a_trillion",
+        "train_tokenizer",
+        lambda c: [
+            f"--input={_write(c, 'ok.txt', 'hello world')}",
+            f"--output={_w(c, 't4')}",
+            "--vocab_size=1000000000000",
+        ],
+        ci=True,
+        expect="--vocab_size=1000000000000",
+    ),
+    BadInput(
+        "tokenizer_output_is_a_file",
+        "train_tokenizer",
+        lambda c: [f"--input={_write(c, 'ok.txt', 'hello world')}", f"--output={c.file}", "--vocab_size=300"],
+        ci=True,
+        expect="is an existing file",
+    ),
+    BadInput(
+        "tokenizer_empty_corpus",
+        "train_tokenizer",
+        lambda c: ["--input=" + _write(c, "blank.txt", "  \n"), f"--output={_w(c, 't5')}", "--vocab_size=300"],
+        ci=True,
+        expect="no documents",
+    ),
+    # ---- launch.plan
+    BadInput(
+        "plan_negative_seq_len",
+        "plan",
+        lambda c: ["--config=experiments/zaya1_tiny.py", "--seq_len=-1"],
+        ci=True,
+        expect="--seq_len",
+    ),
     # ---- launch.generate
     BadInput(
         "negative_max_new_tokens",
@@ -270,6 +320,23 @@ BAD_INPUTS: list[BadInput] = [
     ),
     BadInput("hf_and_checkpoint", "generate", lambda c: [f"--hf={c.root}", f"--checkpoint={c.ckpt}", "--prompt=x"]),
     BadInput("no_model", "generate", lambda c: ["--prompt=hi"]),
+    BadInput(
+        "generate_past_the_positions",
+        "generate",
+        lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--max_new_tokens=2000"],
+        ci=True,
+        expect="runs past the model's 1024 positions",
+    ),
+    BadInput(
+        "generate_a_billion_tokens",
+        "generate",
+        lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--max_new_tokens=1000000000"],
+        ci=True,
+        expect="--max_new_tokens=1000000000",
+    ),
+    BadInput(
+        "generate_nan_temperature", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt=a", "--temperature=nan"]
+    ),
     BadInput("top_p_zero", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt=hi", "--top_p=0"]),
     BadInput(
         "negative_temperature", "generate", lambda c: [f"--checkpoint={c.ckpt}", "--prompt=a", "--temperature=-1"]
@@ -282,6 +349,14 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("data_not_prepared", "eval", lambda c: [f"--checkpoint={c.ckpt}", f"--data={c.root}"]),
     BadInput("mc_file_missing", "eval", lambda c: [f"--checkpoint={c.ckpt}", "--mc=/nonexistent/items.jsonl"]),
     BadInput("zero_eval_batch", "eval", lambda c: [f"--checkpoint={c.ckpt}", f"--data={c.prepared}", "--batch_size=0"]),
+    BadInput(
+        "eval_truncated_safetensors",
+        "eval",
+        lambda c: [f"--hf={_w(c, 'hf_truncated')}", f"--data={c.prepared}"],
+        ci=True,
+        setup=_truncated_hf,
+        expect="not a readable safetensors file",
+    ),
     # ---- launch.reshard
     BadInput(
         "reshard_mesh_batch_does_not_split",
@@ -298,10 +373,38 @@ BAD_INPUTS: list[BadInput] = [
     BadInput("reshard_src_missing", "reshard", lambda c: ["--src=/nonexistent", f"--dst={_w(c, 'r3')}"]),
     BadInput("reshard_from_hf_without_dst", "reshard", lambda c: [f"--from_hf={c.root}"]),
     BadInput("reshard_nothing_to_do", "reshard", lambda c: []),
+    BadInput(
+        "reshard_from_truncated_safetensors",
+        "reshard",
+        lambda c: [f"--from_hf={_w(c, 'hf_truncated')}", f"--dst={_w(c, 'r4')}"],
+        ci=True,
+        setup=_truncated_hf,
+        expect="not a readable safetensors file",
+    ),
     # ---- launch.supervise
     BadInput("supervise_without_command", "supervise", lambda c: ["--max_restarts=1"], ci=True, expect="after `--`"),
     BadInput("supervise_empty_command", "supervise", lambda c: [f"--workdir={_w(c, 's1')}", "--"]),
     BadInput("supervise_bad_number", "supervise", lambda c: ["--max_restarts=abc", "--", "true"]),
+    BadInput(
+        "supervise_zero_startup_timeout",
+        "supervise",
+        lambda c: [f"--workdir={_w(c, 's2')}", "--startup_timeout=0", "--", "true"],
+        ci=True,
+        expect="--startup_timeout=0.0 must be > 0",
+    ),
+    BadInput(
+        "supervise_nan_heartbeat_timeout",
+        "supervise",
+        lambda c: [f"--workdir={_w(c, 's3')}", "--heartbeat_timeout=nan", "--", "true"],
+        expect="must be a finite number",
+    ),
+    BadInput(
+        "supervise_missing_program",
+        "supervise",
+        lambda c: [f"--workdir={_w(c, 's4')}", "--", "/nonexistent/cmd"],
+        ci=True,
+        expect="'/nonexistent/cmd' not found",
+    ),
 ]
 
 

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import safetensors.numpy
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from zaya_jax.config import default_config
 from zaya_jax.hf.config import HFConversionError, config_from_hf, config_to_hf
@@ -58,8 +58,11 @@ class SafetensorsCheckpoint:
     def __init__(self, path: str):
         index = os.path.join(path, INDEX_FILE)
         if os.path.isfile(index):
-            with open(index) as f:
-                weight_map = json.load(f).get("weight_map")
+            try:
+                with open(index) as f:
+                    weight_map = json.load(f).get("weight_map")
+            except (ValueError, AttributeError) as err:
+                raise HFConversionError(f"{index}: not a shard index ({err})") from err
             if not isinstance(weight_map, dict):
                 raise HFConversionError(f"{index}: no 'weight_map' in the shard index")
             files = sorted({os.path.join(path, v) for v in weight_map.values()})
@@ -71,7 +74,7 @@ class SafetensorsCheckpoint:
         for file in files:
             if not os.path.isfile(file):
                 raise HFConversionError(f"{file}: shard listed in {INDEX_FILE} is missing")
-            handle = self._handles[file] = safe_open(file, framework="numpy")
+            handle = self._handles[file] = _unreadable_as_error(file, safe_open, file, framework="numpy")
             for name in handle.keys():
                 if name in self.file_of:
                     raise HFConversionError(f"{file}: tensor {name!r} also stored in {self.file_of[name]}")
@@ -84,10 +87,22 @@ class SafetensorsCheckpoint:
         return self.file_of.get(name, "checkpoint")
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[self.file_of[name]].get_slice(name).get_shape())
+        file = self.file_of[name]
+        return tuple(_unreadable_as_error(file, lambda: self._handles[file].get_slice(name).get_shape()))
 
     def get(self, name: str) -> np.ndarray:
-        return self._handles[self.file_of[name]].get_tensor(name)
+        file = self.file_of[name]
+        return _unreadable_as_error(file, self._handles[file].get_tensor, name)
+
+
+def _unreadable_as_error(file: str, read, *args, **kwargs):
+    """`read(*args, **kwargs)`, with a damaged / truncated safetensors file reported as one HFConversionError."""
+    try:
+        return read(*args, **kwargs)
+    except (SafetensorError, OSError) as err:
+        raise HFConversionError(
+            f"{file}: not a readable safetensors file ({' '.join(str(err).split())}); re-download or re-export it"
+        ) from err
 
 
 def _read_state(
