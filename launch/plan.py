@@ -83,6 +83,11 @@ flags.DEFINE_bool("compile_scaling", False, "measure compile time / HLO size for
 flags.DEFINE_list("scaling_depths", ["8", "40", "80"], "depths for --compile_scaling")
 flags.DEFINE_string("out", None, "write the result as JSON here (with --sweep: the output folder, default plan_sweep)")
 cpu_devices.define_flag(8, "emulated CPU devices (wins over XLA_FLAGS' device count)")
+# every number checked while the flags are parsed: one line, exit 78, before anything is traced or compiled
+cli.require_numbers("seq_len", "batch_per_device", "microbatches", "gpus_per_node", minimum=1)
+cli.require_numbers("xgmi_links", "capacity_factor", "alpha_xgmi_us", "alpha_nic_us", minimum=0)
+cli.require_numbers("xgmi_link_gbps", "nic_gbps", above=0)
+cli.require_numbers("nic_efficiency", "hbm_efficiency", "usable_memory_fraction", above=0, maximum=1)
 FLAGS = flags.FLAGS
 GB = 1e9
 

@@ -214,8 +214,11 @@ def validate_checkpoint(c: ml_collections.ConfigDict) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Check every section of a full config tree (`default_config()` with overrides) and return it unchanged."""
+    from zaya_jax.config.numeric import validate_numbers  # it imports ConfigError from here
+
     missing = [name for name in choices.SECTIONS if name not in config]
     _check(not missing, f"config has no section(s) {missing}; start the config from zaya_jax.config.default_config()")
+    validate_numbers(config)
     validate_model(config.model)
     validate_train(config)
     validate_mesh(config)
