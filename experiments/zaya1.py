@@ -4,6 +4,7 @@
     --config=experiments/zaya1.py:demo        ~3M parameters: the README demo on 8 emulated CPU devices
     --config=experiments/zaya1.py:100m        ~114M parameters: CPU benchmarks (the transformers comparison)
     --config=experiments/zaya1.py:h1024       hidden 1024, 4 layers: the CPU MFU benchmark
+    --config=experiments/zaya1.py:1b          ZAYA1-base's layer x 5 (1.1B total, 161M active), bf16, seq 4096: one GPU
     --config=experiments/zaya1.py:base        ZAYA1-base as released (8.3B total / 760M active), bf16, DP only
     --config=experiments/zaya1.py:phase1      the paper's three training phases of ZAYA1-base (below)
     --config=experiments/zaya1.py:phase2
@@ -43,6 +44,7 @@ GEOMETRY = {
     "demo": (384, 128, 4, 4, 2, 32, 8, 128, 32, 1024),
     "100m": (8192, 512, 8, 4, 2, 128, 16, 512, 128, 4096),
     "h1024": (8192, 1024, 4, 8, 2, 128, 8, 1024, 256, 4096),
+    "1b": (32_768, 2048, 5, 8, 2, 128, 16, 2048, 256, 4096),  # ZAYA1-base's layer; 1.1B total (launch.gpu_check)
     "base": (262_272, 2048, 40, 8, 2, 128, 16, 2048, 256, 32_768),  # = model_config(), docs/architecture.md §1
 }
 # everything else a variant sets, by section
@@ -66,6 +68,8 @@ SETTINGS: dict[str, dict[str, dict]] = {
     },
     "100m": {"train": dict(seq_len=256, global_batch_size=8)},
     "h1024": {"train": dict(seq_len=512, global_batch_size=4)},
+    # one GPU's worth: 4 x 4096 tokens per step in bf16 without remat (launch.gpu_check's MFU config)
+    "1b": {"model": dict(dtype="bfloat16"), "train": dict(seq_len=4096, global_batch_size=4), "mesh": dict(data=-1)},
     # the paper-faithful systems preset: bf16, full remat, data parallel over every device
     "base": {"model": dict(dtype="bfloat16", remat="full"), "train": dict(seq_len=4096), "mesh": dict(data=-1)},
 }
