@@ -7,6 +7,7 @@
     python -m launch.bench --suite=moe --out=benchmarks/moe                       # MoE / dense per dispatch
     python -m launch.bench --suite=compile --out=benchmarks/compile               # compile time vs depth
     python -m launch.bench --suite=checkpoint --out=benchmarks/checkpoint         # Orbax save vs raw disk
+    python -m launch.bench --suite=data --out=benchmarks/data                     # preparation vs encode_batch
 
 Every suite writes `<suite>.csv`, `<suite>.md` (the machine and the exact command next to the results) and
 its plots into `--out`. `--config=file.py[:arg]` (with `--config.x=...` overrides) picks the model of the
@@ -297,6 +298,19 @@ def _run_checkpoint(f: flags.FlagValues) -> None:
     )
 
 
+@register_suite("data", "data preparation tokens/s vs tokenizers' encode_batch per core, 1..all workers, loader rows/s")
+def _run_data(f: flags.FlagValues) -> None:
+    from zaya_jax.bench import common, data
+
+    data.run(
+        f.out,
+        max_bytes=f.max_bytes or (2 if f.quick else 16) * 2**20,
+        rounds=f.trials or (1 if f.quick else 3),
+        cache_dir="~/.cache/zaya_jax/bench",
+        command=common.command_line(),
+    )
+
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string(
     "suite",
@@ -339,7 +353,7 @@ flags.DEFINE_integer(
 flags.DEFINE_enum("train_side", None, ["zaya_jax", "transformers"], "train: time only this side")
 flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see benchmarks/README.md)")
 flags.DEFINE_integer("tokens", None, "moe: tokens T per block call (default batch x seq of the config)")
-flags.DEFINE_list("dispatches", None, "moe: subset of dense, ragged, capacity, grouped, ep")
+flags.DEFINE_list("dispatches", None, "moe: subset of dropless:loops, dropless:ragged_dot, capacity, ep, dense")
 flags.DEFINE_list("capacity_factors", None, "moe: capacity factors for capacity / ep (default 2.0, 1.25)")
 flags.DEFINE_list("depths", None, "compile: layer counts (default 8, 40, 80)")
 flags.DEFINE_string("ckpt_dir", None, "checkpoint: directory on the disk to measure (default: the temp dir)")

@@ -40,7 +40,7 @@ class TaskStep:
 
     def run(self, rank: int) -> dict:
         if self._tok is None:
-            self._tok = load_tokenizer(self.tokenizer, vocab_size=self.vocab_size)
+            self._tok = _loaded(self.tokenizer, self.vocab_size)
         return packing.run_task(self.out, rank, self.tasks[rank], self._tok, **self.task_kw)
 
     def __call__(self, data, rank: int, world_size: int):
@@ -52,6 +52,19 @@ class TaskStep:
 
     def __repr__(self) -> str:
         return f"zaya_jax.data TaskStep({len(self.tasks)} tasks -> {self.out})"
+
+
+_TOKENIZERS: dict = {}  # per worker process: the engine unpickles the step for every task
+
+
+def _loaded(tokenizer, vocab_size) -> Tokenizer:
+    """The tokenizer `tokenizer` names, loaded once per process (a spec string) or as given (an object)."""
+    if not isinstance(tokenizer, str):
+        return tokenizer
+    key = (tokenizer, vocab_size)
+    if key not in _TOKENIZERS:
+        _TOKENIZERS[key] = load_tokenizer(tokenizer, vocab_size=vocab_size)
+    return _TOKENIZERS[key]
 
 
 def _quiet_engine() -> None:
