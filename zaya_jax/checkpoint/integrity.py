@@ -1,8 +1,9 @@
 """Checksums of checkpoint contents: bit rot and damaged files are detected at restore, not trained on.
 
 At save, every array of the tree handed to Orbax gets a 64-bit fingerprint; the checkpoint's metadata stores
-{path: [shape, dtype, fingerprint]} (the *manifest*) plus a SHA-256 of the metadata itself. At restore, the
-arrays Orbax returns are fingerprinted again and compared.
+{path: [shape, dtype, fingerprint]} (the *manifest*) plus a SHA-256 of the metadata itself (always present
+since format version 2; metadata without it is corrupt unless its format version predates it). At restore,
+the arrays Orbax returns are fingerprinted again and compared.
 
 The fingerprint of an array with its bytes read as n 32-bit words w_i in row-major order (16/8-bit types
 widened, 64-bit types split in two) is the pair
@@ -129,7 +130,12 @@ def seal(meta: dict) -> dict:
     return dict(meta, **{DIGEST_KEY: hashlib.sha256(_canonical(meta)).hexdigest()})
 
 
-def check_seal(meta: dict, where: str) -> None:
-    """Raise CorruptCheckpointError if `meta` carries a digest that does not match it (no digest: older format)."""
-    if DIGEST_KEY in meta and meta[DIGEST_KEY] != hashlib.sha256(_canonical(meta)).hexdigest():
+def check_seal(meta: dict, where: str, *, required: bool = True) -> None:
+    """Raise CorruptCheckpointError if `meta`'s digest does not match it, or is missing where `required` (every
+    format since the digest was introduced; only metadata of an older format may lack it)."""
+    if DIGEST_KEY not in meta:
+        if required:
+            raise CorruptCheckpointError(f"{where} is corrupt: its metadata has lost its checksum ({DIGEST_KEY})")
+        return
+    if meta[DIGEST_KEY] != hashlib.sha256(_canonical(meta)).hexdigest():
         raise CorruptCheckpointError(f"{where} is corrupt: its metadata does not match its checksum")

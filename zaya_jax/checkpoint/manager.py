@@ -40,7 +40,9 @@ from zaya_jax.checkpoint.quiet import first_line, quiet_orbax
 from zaya_jax.keys import path_name
 
 STATE, META = "state", "meta"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the metadata digest is mandatory (integrity.check_seal)
+READABLE_FORMATS = (1, 2)  # 1: the digest may be missing (written before it existed)
+SEALED_SINCE = 2
 TMP_MARKER = ".orbax-checkpoint-tmp"
 
 
@@ -248,10 +250,18 @@ class Checkpointer:
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: metadata ({first_line(err)})") from err
         if not isinstance(meta, dict):
             raise CorruptCheckpointError(f"{self._where(step)} is unreadable: its metadata is not a JSON object")
-        integrity.check_seal(meta, self._where(step))
-        if meta.get("format_version") != FORMAT_VERSION:
+        version = meta.get("format_version")
+        if integrity.DIGEST_KEY not in meta and version not in READABLE_FORMATS:
             raise CheckpointConfigError(
                 f"{self._where(step)} has no zaya_jax metadata (format_version {FORMAT_VERSION} expected)"
+            )
+        # a digest is required from SEALED_SINCE on: stripping it (an edited file) is corruption, not an old format
+        sealed = not (isinstance(version, int) and version < SEALED_SINCE)
+        integrity.check_seal(meta, self._where(step), required=sealed)
+        if version not in READABLE_FORMATS:
+            raise CheckpointConfigError(
+                f"{self._where(step)} has zaya_jax format_version {version!r}; this version reads "
+                f"{list(READABLE_FORMATS)} (a newer zaya_jax wrote it?)"
             )
         return meta
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from zaya_jax import kernels
 from zaya_jax.checkpoint import faults as faults_lib
 from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, Heartbeat
@@ -46,6 +47,7 @@ from zaya_jax.checkpoint.guard import LossGuard
 from zaya_jax.checkpoint.lock import DirLock
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
 from zaya_jax.checkpoint.orphan import watch_supervisor
+from zaya_jax.checkpoint.resume_diff import check_resumable, config_changes, describe
 from zaya_jax.config import validate_checkpoint
 
 
@@ -108,6 +110,7 @@ class TrainCheckpointer:
         self._pending: tuple[int, Any] | None = None
         self._last_saved: int | None = None
         self._rollbacks: collections.Counter = collections.Counter()
+        self._resume_changes: dict = {}  # config fields that differ from the restored checkpoint's
         self._old_handlers: dict = {}
         if handle_signals and not self._multi_process and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -151,6 +154,7 @@ class TrainCheckpointer:
             "data": train_iter.get_state() if train_iter is not None else None,
             "seed": int(self.config.train.seed),
             "config": json.loads(self.config.to_json_best_effort()),
+            "kernels": kernels.resolve(self.config.model).as_dict(),  # what `auto` resolved to (docs/kernels.md)
             "mesh": {k: int(v) for k, v in mesh.shape.items()} if mesh is not None else None,
             "process_count": jax.process_count(),
             "rollbacks": {str(k): v for k, v in self._rollbacks.items()},
@@ -192,6 +196,15 @@ class TrainCheckpointer:
             self.events.write(
                 "restored", step=step, saved_mesh=meta.get("mesh"), mesh=self._meta(None)["mesh"], data=meta.get("data")
             )
+            if self._resume_changes:
+                logging.getLogger(__name__).warning(
+                    "resuming step %d with a changed config: %s", step, describe(self._resume_changes)
+                )
+                self.events.write(
+                    "config_changed",
+                    step=step,
+                    changes={k: {"saved": old, "now": new} for k, (old, new) in self._resume_changes.items()},
+                )
             self.heartbeat.beat(step, "start")
             return restored
         if had:
@@ -209,6 +222,10 @@ class TrainCheckpointer:
         quarantined (moved to `<dir>.corrupt/`, nothing deleted) and reported. None if no step is readable."""
         for step in reversed(self.ckpt.committed_steps()):
             try:
+                meta = self.ckpt.read_meta(step)
+                current = json.loads(self.config.to_json_best_effort())
+                self._resume_changes = config_changes(meta.get("config"), current)
+                check_resumable(self._resume_changes, self.ckpt._where(step))  # one line; not a corruption
                 restored, meta = self.ckpt.restore(step, self._target)
             except CorruptCheckpointError as err:
                 dest = self.ckpt.quarantine(step)
