@@ -139,12 +139,14 @@ def test_crash_mid_task_then_rerun_gives_the_same_files(reference, monkeypatch):
 
 @pytest.mark.slow
 def test_four_separate_task_processes_like_four_machines(reference):
+    """The SLURM array script, run as 4 array elements at once (the environment SLURM would give them)."""
     root, _, out, _ = reference
     sep = str(root / "sep")
-    cmd = [sys.executable, "-m", "launch.prepare_data", f"--input={root / 'in'}", f"--output={sep}", "--workers=1"]
-    flags = [f"--{k}={v}" for k, v in KW.items() if k != "progress"] + ["--num_nodes=4"]
+    cmd = ["bash", os.path.join(ROOT, "launch", "slurm", "prepare_data.sbatch"), f"--input={root / 'in'}"]
+    cmd += [f"--output={sep}", "--workers=1"] + [f"--{k}={v}" for k, v in KW.items() if k != "progress"]
+    env = dict(os.environ, PYTHON=sys.executable, ZAYA_REPO=ROOT, SLURM_ARRAY_TASK_COUNT="4", SLURM_ARRAY_TASK_MIN="0")
     procs = [
-        subprocess.Popen(cmd + flags + [f"--node_rank={i}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        subprocess.Popen(cmd, env=dict(env, SLURM_ARRAY_TASK_ID=str(i)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for i in range(4)
     ]
     results = [(p.wait(timeout=240), p.stdout.read().decode()) for p in procs]

@@ -66,7 +66,11 @@ def _locked(output_dir: str):
 
 
 def _check_output_dir(out: str, config: dict, fp: str) -> dict | None:
-    """The finished manifest if `out` already holds this preparation; raise if it holds anything else."""
+    """The finished manifest if `out` already holds this preparation; raise if it holds anything else.
+
+    The directory is listed before prepare.json is looked for: another machine starting the same preparation
+    writes prepare.json before anything else, so what it wrote never reads as foreign files."""
+    listing = os.listdir(out)
     for name in (MANIFEST, CONFIG):
         path = os.path.join(out, name)
         if os.path.exists(path):
@@ -81,7 +85,7 @@ def _check_output_dir(out: str, config: dict, fp: str) -> dict | None:
             if name == MANIFEST:
                 return old
             return None
-    others = [e for e in os.listdir(out) if e not in (LOCK, ENGINE_DIR) and not e.endswith(".tmp")]
+    others = [e for e in listing if e not in (LOCK, ENGINE_DIR) and not e.endswith(".tmp")]
     if others:
         raise DataError(
             f"output dir {out} is not empty and holds no zaya_jax preparation "
