@@ -216,10 +216,21 @@ def _setup_host() -> None:
     compilation_cache(configured, os.path.join(workdir, "xla_cache") if workdir else USER_CACHE)
 
 
+def _adopt_shared_flags() -> None:
+    """`--help` lists the flags a launcher takes from shared modules of `launch/` (model_flags, cpu_devices,
+    --verbose) with its own, not only under --helpfull: they become key flags of the main module."""
+    main_module = sys.argv[0]
+    for module, defined in flags.FLAGS.flags_by_module_dict().items():
+        if module != main_module and module.startswith("launch."):
+            for flag in defined:
+                flags.FLAGS.register_key_flag_for_module(main_module, flag)
+
+
 def run(main: Callable[[list[str]], None], prog: str, *, jax_flags: bool = True) -> None:
     """`absl.app.run(main)` with the behaviour of the module docstring (`jax_flags=False`: no jax import)."""
     if "verbose" not in flags.FLAGS:
         flags.DEFINE_bool("verbose", False, "Show the traceback of an error (default: one line).")
+    _adopt_shared_flags()
     warnings.showwarning = _show_warning(prog, warnings.showwarning)
     if jax_flags:
         import jax

@@ -184,13 +184,8 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
     with _bar(2, "export", "stage") as bar:
         config, model = load_model(src, step=step, dtype=dtype)
         bar.update(1)
-        if layout == "hf" and config.model.skip_output != "zero":
-            warnings.warn(
-                f"model.skip_output={config.model.skip_output!r}: transformers' HF-native ZAYA zeroes the "
-                "skip slot, so its outputs will differ from this model's (use --hf_layout=legacy for "
-                "ports with the scaled-input skip)",
-                stacklevel=2,
-            )
+        if layout == "hf" and (message := _skip_slot_warning(src, step, config.model.skip_output)):
+            warnings.warn(message, stacklevel=2)
         hf.save_pretrained(model, out, layout=layout)
         spec = _TOKENIZER.value or run_tokenizer(config.data)
         if spec is None:
@@ -204,6 +199,18 @@ def export_hf(src: str, out: str, *, step: int | None, dtype: str | None, layout
         normalize_permissions(out)
         bar.update(1)
     return {"to_hf": out, "layout": layout, "param_dtype": config.model.param_dtype, "tokenizer": spec}
+
+
+def _skip_slot_warning(src: str, step: int | None, skip_output: str) -> str | None:
+    """The skip-slot warning of an HF-layout export, from the run's logged skip use (zaya_jax.hf.skip_usage)."""
+    from zaya_jax.checkpoint import resolve_checkpoint
+    from zaya_jax.hf.skip_usage import logged_skip_use, skip_slot_warning
+
+    if skip_output == "zero":
+        return None
+    directory, step = resolve_checkpoint(src, step)
+    use = logged_skip_use(os.path.join(os.path.dirname(directory), "metrics.jsonl"), step)
+    return skip_slot_warning(skip_output, use)
 
 
 def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype: str | None) -> dict:
