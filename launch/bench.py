@@ -304,7 +304,7 @@ def _run_data(f: flags.FlagValues) -> None:
 
     data.run(
         f.out,
-        max_bytes=f.max_bytes or (2 if f.quick else 16) * 2**20,
+        max_bytes=f.max_bytes or (2 if f.quick else 32) * 2**20,
         rounds=f.trials or (1 if f.quick else 3),
         cache_dir="~/.cache/zaya_jax/bench",
         command=common.command_line(),
