@@ -8,10 +8,12 @@ and a projected step time / MFU on the paper's cluster — from abstract shapes,
     python -m launch.plan --config=experiments/zaya1_base.py --seq_len=4096 --microbatches=8 \
         --sweep=data:8,64,128,1024 --out=plan_sweep   # scaling curve: sweep.csv + sweep.png
 
-The report ends with four lines: executed / analytic hardware FLOPs, optimizer / Newton-Schulz FLOPs,
+The report ends with five lines: executed / analytic hardware FLOPs, optimizer / Newton-Schulz FLOPs,
 collective wire / ZeRO-1 minimum, projected MFU (compute + memory-bound + collectives, not overlapped, on the
 cluster model of `zaya_jax.cluster`, whose assumptions are printed and set by the --gpus_per_node,
---nic_gbps, --nic_efficiency, --xgmi_link_gbps, --alpha_xgmi_us, --alpha_nic_us, --hbm_efficiency flags).
+--nic_gbps, --nic_efficiency, --xgmi_link_gbps, --alpha_xgmi_us, --alpha_nic_us, --hbm_efficiency flags),
+and projected MFU (overlapped): the same with each collective hidden up to the compute of the loop body it is
+issued in (`zaya_jax.overlap`).
 
 Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout
 (`zaya_jax.model.cca_context`).
@@ -172,13 +174,14 @@ def format_plan(r: dict) -> str:
 
 
 def summary_lines(r: dict) -> list[str]:
-    """The four closing lines of every plan."""
+    """The five closing lines of every plan."""
     su = r["summary"]
     return [
         f"executed / analytic hardware FLOPs: {su['executed_over_analytic_hardware_flops']:.2f}",
         f"optimizer / Newton-Schulz FLOPs: {su['optimizer_over_newton_schulz_flops']:.2f}",
         f"collective wire / ZeRO-1 minimum: {su['collective_wire_over_zero1_minimum']:.2f}",
         f"projected MFU: {100 * su['projected_mfu']:.1f}%",
+        f"projected MFU (overlapped): {100 * su['projected_mfu_overlapped']:.1f}%",
     ]
 
 
@@ -214,6 +217,7 @@ def format_projection(r: dict) -> list[str]:
         f"{_ms(pr['collective_xgmi_s'])} + network {_ms(pr['collective_nic_s'])}; by kind: {kinds}",
         f"  step = compute + memory-bound + collectives (not overlapped) = {_ms(pr['step_s'])} -> "
         f"{pr['tokens_per_s_per_device']:,.0f} tokens/s/device, MFU {pr['mfu']:.1%}",
+        *format_overlap(p),
         f"  ZeRO-1 minimum wire per device: {_fmt_bytes(zm['total']).strip()} ({parts(zm)}) vs compiled "
         f"{_fmt_bytes(r['collective_wire_bytes_per_device']).strip()}",
         f"  at the minimum (analytic FLOPs, Newton-Schulz balanced over devices, minimum collectives on the "
@@ -221,6 +225,24 @@ def format_projection(r: dict) -> list[str]:
         f"collectives {_ms(ideal['collective_s'])}) -> {ideal['tokens_per_s_per_device']:,.0f} tokens/s/device, "
         f"MFU {ideal['mfu']:.1%}",
     ]
+
+
+def format_overlap(p: dict) -> list[str]:
+    """The overlapped step: assumptions, then per computation with collectives what hides and what not."""
+    ov = p["overlapped"]
+    lines = ["  overlapped step (zaya_jax/overlap.py):", *(f"    - {a}" for a in p["overlap_assumptions"])]
+    for b in ov["bodies"][:6]:
+        where = "loop body" if b["loop"] else "top level / branch"
+        lines.append(
+            f"    {b['computation'][:40]:40s} {where:18s} x{b['runs']:<6.0f} ({b['trips']} trips) "
+            f"collectives {_ms(b['collective_s'])}"
+            f" vs compute {_ms(b['compute_s'])} per run: hidden {_ms(b['hidden_s'])}, exposed {_ms(b['exposed_s'])}"
+        )
+    lines.append(
+        f"  step = compute + memory-bound + exposed collectives {_ms(ov['exposed_s'])} (hidden {_ms(ov['hidden_s'])})"
+        f" = {_ms(ov['step_s'])} -> {ov['tokens_per_s_per_device']:,.0f} tokens/s/device, MFU {ov['mfu']:.1%}"
+    )
+    return lines
 
 
 def _cluster():

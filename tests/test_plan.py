@@ -305,6 +305,14 @@ def test_plan_collectives_and_projection(small_plan):
     # the XLA:CPU traffic is reported as an upper bound of the analytic memory-bound bytes
     assert p["xla_cpu_hbm_bytes_upper_bound"] > p["hbm_bytes"]["total"] > 0
     assert p["ideal"]["step_s"] <= pr["step_s"]
+    # overlapped: the step less what hides under its loop bodies' compute, never more than the collectives
+    ov = p["overlapped"]
+    assert ov["step_s"] == pytest.approx(pr["step_s"] - ov["hidden_s"])
+    assert 0 <= ov["hidden_s"] <= pr["collective_s"] and ov["exposed_s"] == pytest.approx(
+        pr["collective_s"] - ov["hidden_s"]
+    )
+    assert ov["hidden_s"] == pytest.approx(sum(b["hidden_s"] for b in ov["bodies"]))
+    assert s["projected_mfu_overlapped"] == ov["mfu"] >= pr["mfu"]
 
 
 def test_remat_auto_picks_first_policy_that_fits(monkeypatch):
@@ -350,21 +358,24 @@ def _launch(*args: str, xla_flags: str | None = None) -> subprocess.CompletedPro
     return proc
 
 
-def test_launcher_smoke_ends_with_the_four_lines(tmp_path):
+def test_launcher_smoke_ends_with_the_five_lines(tmp_path):
     out = tmp_path / "plan.json"
     proc = _launch("--mesh=data:4,expert:2", "--seq_len=64", "--remat=dots", f"--out={out}")
     assert "VERDICT: fits" in proc.stdout and "all-to-all" in proc.stdout
     result = json.loads(out.read_text())
     assert result["setup"]["mesh"] == {"data": 4, "context": 1, "expert": 2} and result["setup"]["remat"] == "dots"
     s = result["summary"]
-    assert proc.stdout.rstrip("\n").splitlines()[-4:] == [
+    assert proc.stdout.rstrip("\n").splitlines()[-5:] == [
         f"executed / analytic hardware FLOPs: {s['executed_over_analytic_hardware_flops']:.2f}",
         f"optimizer / Newton-Schulz FLOPs: {s['optimizer_over_newton_schulz_flops']:.2f}",
         f"collective wire / ZeRO-1 minimum: {s['collective_wire_over_zero1_minimum']:.2f}",
         f"projected MFU: {100 * s['projected_mfu']:.1f}%",
+        f"projected MFU (overlapped): {100 * s['projected_mfu_overlapped']:.1f}%",
     ]
-    assert 0 < s["projected_mfu"] < 1 and np.isfinite(s["collective_wire_over_zero1_minimum"])
-    for needle in ("alpha network 10 us", "rails-only", "upper bound only", "not overlapped"):
+    assert 0 < s["projected_mfu"] <= s["projected_mfu_overlapped"] < 1 and np.isfinite(
+        s["collective_wire_over_zero1_minimum"]
+    )
+    for needle in ("alpha network 10 us", "rails-only", "upper bound only", "not overlapped", "hides nothing"):
         assert needle in proc.stdout  # the assumptions are printed
     # the analytic EP minimum (2 forward + 2 backward + 2 recomputed all-to-alls per MoE layer) is exactly
     # what the compiled step sends in its all-to-alls
@@ -398,6 +409,7 @@ def test_sweep_writes_csv_and_png(tmp_path):
         point = json.loads((tmp_path / f"plan_data{n}.json").read_text())  # each point's own plan
         assert point["setup"]["devices"] == n and point["setup"]["remat"] == "none"
         assert float(row["projected_mfu"]) == pytest.approx(point["summary"]["projected_mfu"])
+        assert float(row["projected_mfu_overlapped"]) == pytest.approx(point["summary"]["projected_mfu_overlapped"])
         assert float(row["tokens_per_s_per_device"]) == pytest.approx(
             point["projection"]["projected"]["tokens_per_s_per_device"]
         )

@@ -72,6 +72,7 @@ class CollectiveOp:
     name: str
     operand_bytes: float  # per device, per execution
     groups: tuple[tuple[int, ...], ...]
+    computation: str = ""  # the HLO computation it is issued in (a while body: a loop of the step)
 
     @property
     def group_size(self) -> int:

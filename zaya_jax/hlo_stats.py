@@ -70,6 +70,8 @@ class HloStats:
     unknown_trip_counts: int
     num_instructions: int
     collective_ops: list[tuple[CollectiveOp, float]] = dataclasses.field(default_factory=list)  # (op, executions)
+    # dot FLOPs of one run of each computation that issues a collective (nested loops × their trip counts)
+    flops_per_run: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def collective_bytes(self) -> float:
@@ -297,7 +299,8 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
             if kind in COLLECTIVES:
                 key = f"{name}/{instr.name}"
                 payload = sum(payload_bytes(instr, o, by_name, comps, comps[name]) for o in instr.operands)
-                ops[key] = CollectiveOp(kind, instr.name, payload, parse_groups(kind, instr.attrs, num_devices))
+                groups = parse_groups(kind, instr.attrs, num_devices)
+                ops[key] = CollectiveOp(kind, instr.name, payload, groups, name)
                 cost.ops[key] += 1
             if name not in fused:
                 t = _traffic(instr, shapes, comps)
@@ -334,4 +337,5 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         len(unknown),
         sum(len(v) for v in comps.values()),
         [(ops[key], runs) for key, runs in run.ops.items()],
+        {op.computation: memo[op.computation].flops for op in ops.values() if op.computation in memo},
     )

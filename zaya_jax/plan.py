@@ -20,7 +20,8 @@ is `jax.ShapeDtypeStruct`s with their shardings, and the jitted train step of `t
 * projection — step time = compute (executed dot FLOPs at the bf16 peak) + memory-bound passes (an
   analytic HBM byte count, `projection.hbm_traffic`) + every collective priced on the paper's cluster
   (`cluster.Cluster`: xGMI nodes, one NIC per GPU, rails-only, hierarchical collectives, α–β per stage),
-  nothing overlapped; projected MFU = model FLOPs / (step time · peak).
+  nothing overlapped; projected MFU = model FLOPs / (step time · peak). The overlapped projection takes
+  off what of each collective can hide under the compute of the loop body it is issued in (`overlap`).
 
 XLA:CPU differs from an accelerator backend: it upcasts bf16 dots to f32, fuses less, and materialises the
 attention logits. Its program traffic (`hlo_stats.hbm_bytes`) is therefore only an upper bound (printed as
@@ -41,9 +42,9 @@ import ml_collections
 from jax.sharding import NamedSharding
 
 from zaya_jax import cluster as cluster_lib
-from zaya_jax import hlo_stats, hlo_text, projection, sizing
+from zaya_jax import hlo_stats, hlo_text, overlap, projection, sizing
 from zaya_jax.config import REMAT_POLICIES, choice_table, validate_mesh
-from zaya_jax.model.cca import attention_chunks
+from zaya_jax.kernels.attention import attention_chunks
 from zaya_jax.model.flops import active_matmul_params, train_flops_per_token
 from zaya_jax.model.moe import capacity
 from zaya_jax.parallel import sharding
@@ -122,9 +123,10 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.Sha
     return {k: jax.ShapeDtypeStruct(shape, dtypes[k], sharding=spec) for k in BATCH_KEYS}
 
 
-def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = None):
+def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = None, platform: str | None = None):
     """The train step of `config` (`zaya_jax.train.setup.prepare_abstract`) lowered on abstract state and batch →
-    (lowered, mesh, the abstract `Training`)."""
+    (lowered, mesh, the abstract `Training`). platform: lower for that platform ("rocm", "cuda") instead of the
+    devices' own (a program that cannot run here, `zaya_jax.bench.lowering`)."""
     devices = list(devices if devices is not None else jax.devices())
     need = math.prod(int(config.mesh[a]) for a in AXES)
     if need > len(devices):
@@ -135,7 +137,8 @@ def lower_train_step(config: ml_collections.ConfigDict, devices: list | None = N
     mesh = make_mesh(config, devices[:need])
     training = prepare_abstract(config, mesh)
     with jax.set_mesh(mesh):
-        lowered = training.step.jitted.lower(training.state, abstract_batch(config, mesh))
+        traced = training.step.jitted.trace(training.state, abstract_batch(config, mesh))
+        lowered = traced.lower(lowering_platforms=(platform,)) if platform else traced.lower()
     return lowered, mesh, training
 
 
@@ -152,7 +155,7 @@ def effective_capacity_factor(config: ml_collections.ConfigDict, num_devices: in
     """Expert-GEMM rows XLA computes per routed token: E·C / T (1.0 = exactly the top-1 active FLOPs)."""
     m, t = config.model, config.train
     tokens = t.global_batch_size // t.microbatches * t.seq_len
-    if m.dispatch in ("dense", "ragged"):
+    if m.dispatch == "dense":  # (planned dropless runs `ep` at cf 1, see `prepare_config`)
         return float(m.num_experts)
     local = tokens // num_devices if m.dispatch == "ep" else tokens
     return m.num_experts * capacity(local, m.num_experts, m.capacity_factor) / local
@@ -168,7 +171,8 @@ def analytic_flops(config: ml_collections.ConfigDict, num_devices: int, params: 
     attn_square = 4 * nl * m.num_q_heads * m.head_dim * seq  # QK + AV over the full S×S square
     # share of the square XLA computes: in the zigzag context layout the 2n+1 causally needed of the 4n²
     # (S/2n)² blocks per device (`zaya_jax.model.cca_context`); otherwise without context parallelism the
-    # (n+1)/2n of n query blocks (`cca.causal_attention`), with a contiguous context split all of it (masked)
+    # (n+1)/2n of n query blocks (`kernels.attention.causal_attention`), with a contiguous context split all of
+    # it (masked)
     n_ctx = int(config.mesh.context)
     zigzag = n_ctx > 1 and config.mesh.context_layout == "zigzag"
     chunks = attention_chunks(seq, int(m.attention_chunk)) if n_ctx == 1 else 1
@@ -241,6 +245,8 @@ def _projections(
         hw=hw,
         cluster=cluster,
     )
+    hidden = overlap.bodies(stats, cluster, hw.peak_bf16_flops)
+    overlapped = overlap.overlapped(projected, hidden, model, hw.peak_bf16_flops)
     ideal = projection.project(
         executed_flops=analytic["hardware"] / n,
         model_flops=model,
@@ -262,6 +268,8 @@ def _projections(
         "xla_cpu_memory_s_upper_bound": stats.hbm_bytes / (hw.hbm_bandwidth * cluster.hbm_efficiency),
         "zero1_minimum_wire_bytes": minimum,
         "projected": projected,
+        "overlapped": overlapped,
+        "overlap_assumptions": overlap.describe(),
         "ideal": ideal,
     }
 
@@ -278,7 +286,7 @@ def plan(
     """Compile the train step of `config` (set up with `planning_config`) and report; see the module doc.
 
     Returns a JSON-serialisable dict: setup, memory (per device), flops, collectives, projection, summary
-    (the four headline ratios), fits.
+    (the five headline numbers), fits.
     """
     hw = sizing.get_hardware(hardware)
     t0 = time.perf_counter()
@@ -333,6 +341,7 @@ def plan(
         "optimizer_over_newton_schulz_flops": flops["optimizer_over_analytic_ns"],
         "collective_wire_over_zero1_minimum": stats.wire_bytes / proj["zero1_minimum_wire_bytes"]["total"],
         "projected_mfu": proj["projected"]["mfu"],
+        "projected_mfu_overlapped": proj["overlapped"]["mfu"],
     }
     return {
         "setup": {

@@ -1,0 +1,54 @@
+"""The planner's overlap rule (`zaya_jax.overlap`) on known programs: a collective inside a loop body hides
+under at most that body's dot FLOPs, one at the top level hides nothing."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+from zaya_jax import hlo_stats, overlap
+from zaya_jax.cluster import Cluster
+
+LAYERS, M, K = 6, 32, 64
+
+
+def _program(x, ws):
+    """Per device: a scan of LAYERS [M, K] @ [K, K] matmuls, each iteration all-gathering its [K/8, K] weight
+    shard (a loop-body collective), then a top-level psum of the result."""
+
+    def body(c, w):
+        w = jax.lax.all_gather(w, "d", tiled=True)  # [K, K]
+        return jnp.tanh(c @ w), None
+
+    y = jax.lax.scan(body, x, ws)[0]
+    return jax.lax.psum(y, "d")
+
+
+def _stats():
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    fn = jax.jit(jax.shard_map(_program, mesh=mesh, in_specs=(P(), P(None, "d")), out_specs=P(), check_vma=False))
+    x = jax.ShapeDtypeStruct((M, K), jnp.float32)
+    ws = jax.ShapeDtypeStruct((LAYERS, K, K), jnp.float32)
+    return hlo_stats.analyze(fn.lower(x, ws).compile().as_text(), 8)
+
+
+@pytest.mark.parametrize("peak", [1e9, 1e15])  # the body's compute covers its all-gather, or does not
+def test_loop_collectives_hide_up_to_their_body_compute(peak):
+    stats, cluster = _stats(), Cluster()
+    rows = {tuple(r.kinds): r for r in overlap.bodies(stats, cluster, peak)}
+    gather, reduce = rows[("all-gather",)], rows[("all-reduce",)]
+    assert gather.loop and gather.runs == LAYERS and not reduce.loop and reduce.runs == 1
+    body_flops = 2 * M * K * K  # one iteration's matmul, by hand
+    assert gather.compute_s == pytest.approx(body_flops / peak)
+    assert gather.trips == LAYERS  # the last iteration's all-gather has no later iteration to overlap with
+    assert gather.hidden_s == pytest.approx((LAYERS - 1) * min(gather.collective_s, body_flops / peak))
+    assert reduce.hidden_s == 0 and reduce.exposed_s == pytest.approx(reduce.total_s) and reduce.total_s > 0
+    projected = {"step_s": 1.0, "collective_s": gather.total_s + reduce.total_s, "tokens_per_s_per_device": 10.0}
+    out = overlap.overlapped(projected, [gather, reduce], model_flops=peak * 0.5, peak_flops=peak)
+    assert out["step_s"] == pytest.approx(1.0 - gather.hidden_s)
+    assert out["mfu"] == pytest.approx(0.5 / out["step_s"])
+    assert out["exposed_s"] == pytest.approx(reduce.total_s + gather.exposed_s)

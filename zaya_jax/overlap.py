@@ -1,0 +1,103 @@
+"""How much of a compiled step's collective time can hide under its compute (docs/planner.md, docs/parallelism.md).
+
+The planner's plain projection adds compute, memory-bound time and collectives in series. On an accelerator,
+XLA's latency-hiding scheduler runs a collective concurrently with compute that does not depend on it — but
+only compute it can reach: work of the same computation (a `while` body is scheduled on its own, one iteration
+at a time, with the next iteration's collective pipelined against this one's compute). So the rule here is:
+
+* a collective issued in a `while` body hides under at most that body's dot FLOPs per run at the bf16 peak
+  (nested loops included, × their trip counts); all collectives of the body share that cover; and only
+  (trips − 1) of every `trips` runs hide: a collective overlaps with another iteration's compute (the
+  scheduler pipelines it into the next iteration, e.g. the reduce-scatter of what this iteration's backward
+  produced, or the all-gather of what the next iteration's forward needs), so one per loop execution stays
+  exposed;
+* a collective issued anywhere else (the step's top level, a conditional's branch) hides nothing: the
+  ZeRO-1 gradient reduce-scatter there waits for the last backward, the parameter all-gather for the update;
+* memory-bound work is not counted as cover (it competes for the same HBM the collectives read), so the
+  overlapped step = compute + memory-bound + exposed collectives.
+
+For every body with collectives: per run, its collectives' priced seconds (`cluster.Cluster.collective`) and
+its compute seconds; hidden = min of the two × the body's runs per step × (trips − 1) / trips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from zaya_jax.cluster import Cluster
+from zaya_jax.hlo_stats import HloStats
+
+
+@dataclasses.dataclass(frozen=True)
+class BodyOverlap:
+    """Collectives of one computation per step: `runs` executions of it, each with `collective_s` of
+    collectives and `compute_s` of dot FLOPs; `hidden_s` (per step) of the collectives overlap with compute."""
+
+    computation: str
+    loop: bool  # a while body (its collectives may hide), else the top level or a branch
+    trips: int  # iterations of that loop per execution of it (1 when not a loop)
+    runs: float
+    collective_s: float  # per run
+    compute_s: float  # per run
+    kinds: tuple[str, ...]
+
+    @property
+    def total_s(self) -> float:
+        return self.runs * self.collective_s
+
+    @property
+    def hidden_s(self) -> float:
+        if not self.loop or self.trips < 2:
+            return 0.0
+        return self.runs * (self.trips - 1) / self.trips * min(self.collective_s, self.compute_s)
+
+    @property
+    def exposed_s(self) -> float:
+        return self.total_s - self.hidden_s
+
+
+def bodies(stats: HloStats, cluster: Cluster, peak_flops: float) -> list[BodyOverlap]:
+    """Every computation of `stats` that issues a collective, with its overlap (module docstring)."""
+    per_run: dict[str, float] = {}
+    runs: dict[str, float] = {}
+    kinds: dict[str, set[str]] = {}
+    for op, executions in stats.collective_ops:
+        per_run[op.computation] = per_run.get(op.computation, 0.0) + cluster.collective(op).seconds
+        runs[op.computation] = max(runs.get(op.computation, 0.0), executions)
+        kinds.setdefault(op.computation, set()).add(op.kind)
+    return [
+        BodyOverlap(
+            comp,
+            comp in stats.trip_counts,
+            stats.trip_counts.get(comp, 1),
+            runs[comp],
+            per_run[comp],
+            stats.flops_per_run.get(comp, 0.0) / peak_flops,
+            tuple(sorted(kinds[comp])),
+        )
+        for comp in sorted(per_run, key=lambda c: -per_run[c] * runs[c])
+    ]
+
+
+def overlapped(projected: dict, rows: list[BodyOverlap], model_flops: float, peak_flops: float) -> dict:
+    """The projected step (`projection.project`'s dict) with the hidden collective time taken off."""
+    hidden = sum(r.hidden_s for r in rows)
+    step_s = projected["step_s"] - hidden
+    return {
+        "hidden_s": hidden,
+        "exposed_s": projected["collective_s"] - hidden,
+        "step_s": step_s,
+        "tokens_per_s_per_device": projected["tokens_per_s_per_device"] * projected["step_s"] / step_s,
+        "mfu": model_flops / (step_s * peak_flops),
+        "bodies": [dataclasses.asdict(r) | {"hidden_s": r.hidden_s, "exposed_s": r.exposed_s} for r in rows],
+    }
+
+
+def describe() -> list[str]:
+    """The overlap assumptions, printed with the fifth summary line."""
+    return [
+        "a collective issued in a while body hides under at most that body's dot FLOPs per run at the peak "
+        "(shared by all its collectives), in (trips - 1) of trips runs (pipelined into the next iteration); "
+        "elsewhere (top level, conditional branches) it hides nothing",
+        "memory-bound work is no cover; overlapped step = compute + memory-bound + exposed collectives",
+    ]
