@@ -130,6 +130,10 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
     _choice("train", "param_sharding", t.param_sharding, choices.PARAM_SHARDINGS)
     _choice("train", "grad_reduce_dtype", t.grad_reduce_dtype, choices.GRAD_REDUCE_DTYPES)
     _check(
+        isinstance(t.overlap_collectives, bool),
+        f"train.overlap_collectives={t.overlap_collectives!r} must be True or False",
+    )
+    _check(
         t.global_batch_size % t.microbatches == 0,
         f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}",
     )

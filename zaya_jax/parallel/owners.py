@@ -10,6 +10,12 @@ expert parallelism). Those axes form the parameter's *group*; the group's n devi
   [d·s, (d+1)·s) — its *slots* (the list is padded with empty bins). Both a layer's bins and a device's
   slots are contiguous rows of the [n·s, S] slot array: gradients are packed layer by layer, and the
   reduce-scatter / all-gather move each device's rows as one block.
+  *Chunks* (`train.overlap_collectives`): the layers split into C chunks of k = L / C consecutive layers, each
+  chunk's k·B bins numbered and spread over the n devices on their own (s_c = ceil(k·B / n) per device), so
+  each chunk's reduce-scatter and all-gather is a collective of its own that can run inside the layer loop.
+  The step's *packed* buffer holds the chunks one after the other ([C·n·s_c, S]: layer l's bins at
+  `layer_row(l)`); a device's owned rows are its s_c rows of every chunk, chunk by chunk (s = C·s_c).
+  `overlap_chunks` picks the most chunks whose padding stays within `OVERLAP_PADDING` of one chunk's.
   The owner keeps a bin's momentum and fp32 master weights and runs Newton–Schulz on its matrices; nobody
   else touches them. Every device runs the same program: a slot's *type* (its pattern of matrix shapes)
   selects the branch.
@@ -28,6 +34,7 @@ import math
 import numpy as np
 
 EMPTY = -1  # slot type of a padding bin
+OVERLAP_PADDING = 0.05  # chunked slot rows may exceed the unchunked ones by this fraction (`overlap_chunks`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,13 +95,16 @@ class SlotLayout:
     bin_size: int  # S
     bins: tuple[tuple[Segment, ...], ...]  # B bins per layer
     types: tuple[tuple, ...]  # distinct bin types; `bin_types[i]` indexes into it
+    chunks: int = 1  # C: chunks of consecutive layers with owners of their own (module docstring)
 
     @classmethod
-    def build(cls, matrices: list[Matrix], num_layers: int, devices: int) -> "SlotLayout":
+    def build(cls, matrices: list[Matrix], num_layers: int, devices: int, chunks: int = 1) -> "SlotLayout":
         size = max((m.size for m in matrices), default=0)
         bins = tuple(_pack_bins(matrices, size)) if matrices else ()
         types = tuple(dict.fromkeys(bin_type(b) for b in bins))
-        return cls(num_layers, devices, size, bins, types)
+        if num_layers % chunks:
+            raise ValueError(f"{chunks} layer chunks do not divide {num_layers} layers")
+        return cls(num_layers, devices, size, bins, types, chunks)
 
     @property
     def bins_per_layer(self) -> int:
@@ -105,32 +115,55 @@ class SlotLayout:
         return self.num_layers * self.bins_per_layer
 
     @property
+    def layers_per_chunk(self) -> int:
+        return self.num_layers // self.chunks
+
+    @property
+    def chunk_slots(self) -> int:
+        """s_c: bins per device of one chunk (0 when the group has no Muon matrix)."""
+        return -(-self.layers_per_chunk * self.bins_per_layer // self.devices) if self.num_bins else 0
+
+    @property
+    def chunk_rows(self) -> int:
+        """n·s_c: rows of one chunk in the packed buffer."""
+        return self.devices * self.chunk_slots
+
+    @property
     def slots(self) -> int:
-        """s: bins per device (0 when the group has no Muon matrix)."""
-        return -(-self.num_bins // self.devices) if self.num_bins else 0
+        """s = C·s_c: bins per device (0 when the group has no Muon matrix)."""
+        return self.chunks * self.chunk_slots
 
     @property
     def rows(self) -> int:
         """n·s: rows of the group's slot arrays [n·s, S] (≥ L·B; the rest are empty bins)."""
         return self.devices * self.slots
 
+    def layer_row(self, layer):
+        """First row of layer `layer`'s B bins in the packed buffer (an int, or a traced int)."""
+        k = self.layers_per_chunk
+        return (layer // k) * self.chunk_rows + (layer % k) * self.bins_per_layer
+
     @property
     def bin_types(self) -> tuple[int, ...]:
         return tuple(self.types.index(bin_type(b)) for b in self.bins)
 
+    def _owned_bins(self) -> np.ndarray:
+        """[n, s] index into the per-layer pattern of every owned slot (EMPTY for padding), chunk by chunk."""
+        used = self.layers_per_chunk * self.bins_per_layer
+        pos = np.arange(self.devices)[:, None] * self.chunk_slots + np.arange(self.chunk_slots)[None, :]
+        index = np.where(pos < used, pos % max(self.bins_per_layer, 1), EMPTY)
+        return np.tile(index, (1, self.chunks))
+
     def row_types(self) -> np.ndarray:
         """[n, s] int32 type of every slot (EMPTY for padding); device d's slots are row d."""
-        per_layer = np.asarray(self.bin_types, np.int32)
-        types = np.full(self.rows, EMPTY, np.int32)
-        types[: self.num_bins] = np.tile(per_layer, self.num_layers)
-        return types.reshape(self.devices, self.slots)
+        index = self._owned_bins()
+        per_layer = np.asarray(self.bin_types + (EMPTY,), np.int32)
+        return per_layer[index].astype(np.int32)
 
     def ns_flops_per_device(self, steps: int) -> np.ndarray:
         """[n] Newton–Schulz FLOPs each device runs per optimizer step (its owned matrices)."""
         cost = [sum(ns_flops(s.matrix.rows, s.matrix.cols, steps) for s in b) for b in self.bins]
-        per_row = np.zeros(self.rows)
-        per_row[: self.num_bins] = np.tile(cost, self.num_layers)
-        return per_row.reshape(self.devices, self.slots).sum(axis=1)
+        return np.asarray(cost + [0.0])[self._owned_bins()].sum(axis=1)
 
     def padding_fraction(self) -> float:
         """Fraction of the slot arrays that hold no matrix (empty bins and unused bin tails)."""
@@ -173,6 +206,7 @@ def describe(slots: SlotLayout, flat: FlatLayout, steps: int) -> dict:
         "devices": slots.devices,
         "bins_per_layer": slots.bins_per_layer,
         "slots_per_device": slots.slots,
+        "layer_chunks": slots.chunks,
         "bin_types": len(slots.types),
         "slot_padding": slots.padding_fraction(),
         "ns_max_over_mean": float(load.max()) / mean if mean else 1.0,
@@ -180,6 +214,19 @@ def describe(slots: SlotLayout, flat: FlatLayout, steps: int) -> dict:
         "flat_chunk": flat.chunk,
         "flat_padding": 1.0 - flat.size / max(flat.padded, 1),
     }
+
+
+def overlap_chunks(bins_per_layer: tuple[int, ...], devices: tuple[int, ...], num_layers: int) -> int:
+    """The most layer chunks C (C divides L) for which every group's chunked slot rows C·n·ceil(k·B / n) stay
+    within `OVERLAP_PADDING` of its unchunked n·ceil(L·B / n); groups are given as (B, n) pairs. 1 when none."""
+
+    def rows(b: int, n: int, chunks: int) -> int:
+        return chunks * n * -(-(num_layers // chunks) * b // n)
+
+    for chunks in sorted((c for c in range(1, num_layers + 1) if num_layers % c == 0), reverse=True):
+        if all(rows(b, n, chunks) <= (1 + OVERLAP_PADDING) * rows(b, n, 1) for b, n in zip(bins_per_layer, devices)):
+            return chunks
+    return 1
 
 
 def group_devices(sizes: dict[str, int], axes: tuple[str, ...]) -> int:

@@ -32,31 +32,41 @@ from zaya_jax.train.zero1 import Group, GroupState
 
 
 def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[n·s, S], [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what this device owns."""
+    """[n·s, S] (packed order), [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what
+    this device owns (with layer chunks, chunk by chunk: [C, n·s_c, S] → [C, s_c, S])."""
 
-    def rs(x):
-        return jax.lax.psum_scatter(x, group.axes, scatter_dimension=0, tiled=True) if x.size else x
+    def rs(x, dim=0):
+        return jax.lax.psum_scatter(x, group.axes, scatter_dimension=dim, tiled=True) if x.size else x
 
-    return rs(slots), rs(flat)
+    return _by_chunk(group, slots, rs), rs(flat)
+
+
+def _by_chunk(group: Group, slots: jax.Array, fn) -> jax.Array:
+    """`fn(x, dim)` scatters or gathers dim `dim` of x: on slots [r, S] itself (one chunk), or with C layer
+    chunks on slots viewed as [C, r / C, S] along dim 1 (every chunk's rows split over the devices)."""
+    chunks = group.slots.chunks
+    if chunks == 1 or not slots.size:
+        return fn(slots, 0)
+    return fn(slots.reshape(chunks, -1, slots.shape[-1]), 1).reshape(-1, slots.shape[-1])
 
 
 def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
-    """[s, S], [C] owned master weights → [n·s, S], [n·C] everyone's, in `dtype`.
+    """[s, S], [C] owned master weights → [n·s, S] (packed order), [n·C] everyone's, in `dtype`.
 
     A gather only moves bits: 2-byte dtypes travel as uint16, so no backend widens them (XLA:CPU runs bf16
     collectives in fp32)."""
     bits = jnp.uint16 if jnp.dtype(dtype).itemsize == 2 else None
 
-    def ag(x):
+    def ag(x, axis=0):
         x = x.astype(dtype)
         if not x.size:
             return x
         if bits is not None:
             x = jax.lax.bitcast_convert_type(x, bits)
-        y = jax.lax.all_gather(x, group.axes, axis=0, tiled=True)
+        y = jax.lax.all_gather(x, group.axes, axis=axis, tiled=True)
         return jax.lax.bitcast_convert_type(y, dtype) if bits is not None else y
 
-    return ag(slots), ag(flat)
+    return _by_chunk(group, slots, ag), ag(flat)
 
 
 def group_index(group: Group) -> jax.Array:

@@ -40,7 +40,7 @@ from zaya_jax.model.layers import dtype_of
 from zaya_jax.model.zaya import STACKED_AXIS
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
-from zaya_jax.parallel.owners import FlatLayout, Matrix, SlotLayout
+from zaya_jax.parallel.owners import FlatLayout, Matrix, SlotLayout, overlap_chunks
 from zaya_jax.train import optimizer as optimizer_lib
 from zaya_jax.train.state import TrainState, abstract_train_state, canonical_builder, split_model
 
@@ -139,7 +139,26 @@ def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any)
                 FlatLayout.build(flat, n),
             )
         )
+    chunks = layer_chunks(config, groups)
+    if chunks > 1:
+        groups = [dataclasses.replace(g, slots=_chunked(g.slots, chunks)) for g in groups]
     return dataclasses.replace(layout, groups=tuple(groups))
+
+
+def layer_chunks(config: ml_collections.ConfigDict, groups: list[Group]) -> int:
+    """C layer chunks of the owner layouts: > 1 only when the step reduce-scatters inside the backward layer
+    loop (`train.overlap_collectives` with `model.remat=full`, `zaya_jax.train.accumulate`) and some chunking
+    costs little padding (`owners.overlap_chunks`)."""
+    with_slots = [g.slots for g in groups if g.slots.num_bins]
+    if not (config.train.overlap_collectives and config.model.remat == "full" and with_slots):
+        return 1
+    return overlap_chunks(
+        tuple(s.bins_per_layer for s in with_slots), tuple(s.devices for s in with_slots), with_slots[0].num_layers
+    )
+
+
+def _chunked(slots: SlotLayout, chunks: int) -> SlotLayout:
+    return dataclasses.replace(slots, chunks=chunks) if slots.num_bins else slots
 
 
 def leaf_name_of(name: str) -> str:
@@ -170,8 +189,9 @@ def layer_bins(slots: SlotLayout, layer_leaves: Arrays, dtype) -> jax.Array:
 def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None = None) -> jax.Array:
     """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [n·s, S] in `dtype`.
 
-    Written layer by layer into one buffer (a layer's bins are contiguous rows), so nothing bigger than one
-    layer's bins is built on the side; with `acc` [n·s, S] the layer's bins are added to it in place."""
+    Written layer by layer into one buffer (a layer's bins are contiguous rows, from `slots.layer_row`), so
+    nothing bigger than one layer's bins is built on the side; with `acc` [n·s, S] the layer's bins are added
+    to it in place. The result is in the packed (chunk-major) order; `owned_order` gives the owners'."""
     if not slots.num_bins:
         return jnp.zeros((0, 0), dtype)
     per, size = slots.bins_per_layer, slots.bin_size
@@ -182,8 +202,8 @@ def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None =
     def layer(l, buf):
         rows = layer_bins(slots, {n: jax.lax.dynamic_index_in_dim(leaves[n], l, keepdims=False) for n in names}, dtype)
         if acc is not None:
-            rows = rows + jax.lax.dynamic_slice(buf, (l * per, 0), (per, size))
-        return jax.lax.dynamic_update_slice(buf, rows, (l * per, 0))
+            rows = rows + jax.lax.dynamic_slice(buf, (slots.layer_row(l), 0), (per, size))
+        return jax.lax.dynamic_update_slice(buf, rows, (slots.layer_row(l), 0))
 
     return jax.lax.fori_loop(0, slots.num_layers, layer, buf)
 
@@ -200,7 +220,7 @@ def unpack_slots(
     out = {n: (into[n].astype(rows.dtype) if into is not None else jnp.zeros(shapes[n], rows.dtype)) for n in names}
 
     def layer(l, out):
-        bins = jax.lax.dynamic_slice(rows, (l * per, 0), (per, size))
+        bins = jax.lax.dynamic_slice(rows, (slots.layer_row(l), 0), (per, size))
         parts: dict[str, dict] = {}
         for i, segments in enumerate(slots.bins):
             for seg in segments:
@@ -222,6 +242,23 @@ def unpack_slots(
         return new
 
     return jax.lax.fori_loop(0, slots.num_layers, layer, out)
+
+
+def owned_order(slots: SlotLayout, packed: jax.Array) -> jax.Array:
+    """Packed rows [C·n·s_c, ...] (chunk-major) → the owners' order [n·C·s_c, ...] (device d's rows
+    [d·s, (d+1)·s)), as the state's slot arrays hold them. The identity for one chunk."""
+    if slots.chunks == 1 or not slots.num_bins:
+        return packed
+    x = packed.reshape(slots.chunks, slots.devices, slots.chunk_slots, *packed.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape(packed.shape)
+
+
+def packed_order(slots: SlotLayout, owned: jax.Array) -> jax.Array:
+    """Inverse of `owned_order`."""
+    if slots.chunks == 1 or not slots.num_bins:
+        return owned
+    x = owned.reshape(slots.devices, slots.chunks, slots.chunk_slots, *owned.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape(owned.shape)
 
 
 def pack_flat(flat: FlatLayout, leaves: Arrays, dtype) -> jax.Array:
@@ -269,12 +306,12 @@ def _merge_outer(layout: Zero1Layout, name: str, x: jax.Array, group: Group) -> 
 def pack_global(
     layout: Zero1Layout, sizes: dict[str, int], values: Arrays, dtype=jnp.float32
 ) -> tuple[tuple[jax.Array, jax.Array], ...]:
-    """Global parameter-shaped arrays → per group (slots [O, n·s, S], flat [O, n·C])."""
+    """Global parameter-shaped arrays → per group (slots [O, n·s, S] in the owners' order, flat [O, n·C])."""
     out = []
     for group in layout.groups:
         shapes = local_shapes(layout, group, sizes)
         split = {n: _split_outer(layout, n, values[n], group) for n in shapes}
-        slots = jax.vmap(lambda v: pack_slots(group.slots, v, dtype))(split)
+        slots = jax.vmap(lambda v: owned_order(group.slots, pack_slots(group.slots, v, dtype)))(split)
         flat = jax.vmap(lambda v: pack_flat(group.flat, v, dtype))(split)
         out.append((slots, flat))
     return tuple(out)
@@ -285,9 +322,12 @@ def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
     values: Arrays = {}
     for group, (slots, flat) in zip(layout.groups, packed):
         shapes = local_shapes(layout, group, sizes)
-        parts = jax.vmap(lambda s, f: {**unpack_slots(group.slots, s, shapes), **unpack_flat(group.flat, f, shapes)})(
-            slots, flat
-        )
+        parts = jax.vmap(
+            lambda s, f: {
+                **unpack_slots(group.slots, packed_order(group.slots, s), shapes),
+                **unpack_flat(group.flat, f, shapes),
+            }
+        )(slots, flat)
         values.update({n: _merge_outer(layout, n, x, group) for n, x in parts.items()})
     return values
 

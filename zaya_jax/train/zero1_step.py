@@ -4,7 +4,9 @@ docs/parallelism.md): one `jax.shard_map` over every mesh axis, so each collecti
 Per device:
 1. forward/backward of its batch shard with the replicated compute-dtype parameters (`Zero1State.params`),
    micro-batches accumulated locally in the owner layout (fp32), so no collective runs per micro-batch;
-2. reduce-scatter of the packed gradients in `train.grad_reduce_dtype` to their owners; loss sums, expert
+2. reduce-scatter of the packed gradients in `train.grad_reduce_dtype` to their owners (with
+   `train.overlap_collectives`, the Muon matrices' chunk by chunk of layers inside the last micro-batch's
+   backward layer loop, `zaya_jax.train.accumulate`); loss sums, expert
    counts and dropped counts are all-reduced (small);
 3. the owners' update (`zaya_jax.train.distributed_optimizer`: clipping, distributed Muon, AdamW) on fp32
    master weights;
@@ -64,49 +66,69 @@ def split_layers(params: Any) -> tuple[Any, Any]:
 
 def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
     """`local_grads` with the layers' gradients accumulated in fp32 inside the backward pass
-    (`zaya_jax.train.accumulate`): no gradient-sized array besides the reduce-scatter buffers."""
+    (`zaya_jax.train.accumulate`): no gradient-sized array besides the reduce-scatter buffers. With layer
+    chunks (`train.overlap_collectives`) the last micro-batch's backward also reduce-scatters them: the
+    returned slots are then this device's owned sums [s, S] already (`scattered`)."""
     layer_params, other = split_layers(state.params)
+    reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
+    scattered = accumulate.scatters(setup)
 
-    def loss(other_params, sinks, mb):
-        params = nnx.State({**other_params, LAYERS: layer_params})
-        runner = accumulate.accumulating_layers(setup, sinks)
-        return micro_loss(graphdef, params, state.biases, mb, config, run_layers=runner)
+    def grads(scatter: bool):
+        def loss(other_params, sinks, owned, mb):
+            params = nnx.State({**other_params, LAYERS: layer_params})
+            runner = accumulate.accumulating_layers(setup, sinks, owned if scatter else None, reduce_dtype)
+            return micro_loss(graphdef, params, state.biases, mb, config, run_layers=runner)
 
-    grad_fn = jax.grad(loss, argnums=(0, 1), has_aux=True)
+        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+
     shapes = {f"{LAYERS}/{n}": x.shape for n, x in named_leaves(layer_params)}
     sinks = accumulate.zero_sinks(setup, shapes)
-    f32 = lambda tree: jax.tree.map(lambda x: x.astype(jnp.float32), tree)  # noqa: E731
-    if config.train.microbatches == 1:
-        (other_grads, sinks), (sums, stats) = grad_fn(other, sinks, batch)
+    owned = accumulate.zero_owned(setup, reduce_dtype) if scattered else ()
+    mb = config.train.microbatches
+    if mb == 1:
+        (other_grads, sinks, owned), (sums, stats) = grads(scattered)(other, sinks, owned, batch)
         counts, dropped = stats.counts, stats.dropped
     else:
+        accumulate_fn = grads(False)
 
-        def body(carry, mb):
-            acc, sinks, sums_acc, counts, dropped = carry
-            (grads, sinks), (sums, stats) = grad_fn(other, sinks, mb)
-            acc = jax.tree.map(lambda x, g: x + g.astype(jnp.float32), acc, grads)
-            return (
-                acc,
-                sinks,
-                jax.tree.map(jnp.add, sums_acc, sums),
-                counts + stats.counts,
-                dropped + stats.dropped,
-            ), None
+        def body(carry, mb_):
+            (g, sinks, _), (sums, stats) = accumulate_fn(other, carry[1], (), mb_)
+            return _accumulated(carry, sinks, g, sums, stats), None
 
-        init = (f32(jax.tree.map(jnp.zeros_like, other)), sinks, *zero_stats(config))
-        (other_grads, sinks, sums, counts, dropped), _ = jax.lax.scan(
-            body, init, micro_split(batch, config.train.microbatches)
-        )
-    reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
+        f32 = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)  # noqa: E731
+        split = micro_split(batch, mb)
+        # with layer chunks the last micro-batch runs on its own: its backward pass reduce-scatters
+        rest = jax.tree.map(lambda x: x[:-1], split) if scattered else split
+        carry, _ = jax.lax.scan(body, (f32(other), sinks, *zero_stats(config)), rest)
+        if scattered:
+            last = jax.tree.map(lambda x: x[-1], split)
+            (g, sinks, owned), (sums, stats) = grads(True)(other, carry[1], owned, last)
+            carry = _accumulated(carry, sinks, g, sums, stats)
+        other_grads, sinks, sums, counts, dropped = carry
     leaves = dict(named_leaves(other_grads))
     packed = []
-    for group, slots, small in zip(setup.layout.groups, sinks.slots, sinks.small):
-        packed.append((slots.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
-    return packed, sums, counts, dropped
+    for k, (group, small) in enumerate(zip(setup.layout.groups, sinks.small)):
+        rows = owned[k] if scattered else sinks.slots[k]
+        packed.append((rows.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
+    return packed, sums, counts, dropped, scattered
+
+
+def _accumulated(carry, sinks, grads, sums, stats):
+    """The micro-batch carry (fp32 non-layer gradients, sinks, loss sums, counts, dropped) after one more
+    micro-batch, whose backward pass left the layers' gradients in `sinks`."""
+    acc, _, sums_acc, counts, dropped = carry
+    return (
+        jax.tree.map(lambda x, g: x + g.astype(jnp.float32), acc, grads),
+        sinks,
+        jax.tree.map(jnp.add, sums_acc, sums),
+        counts + stats.counts,
+        dropped + stats.dropped,
+    )
 
 
 def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
-    """This device's summed gradients packed in the owner layout, its LossSums, counts [L, E+1], dropped [L].
+    """This device's summed gradients packed in the owner layout (per group slots, flat), its LossSums,
+    counts [L, E+1], dropped [L], and whether the slots are reduce-scattered already (this device's [s, S]).
 
     With `model.remat=full` the layers' gradients are accumulated inside the backward pass
     (`_fused_local_grads`); otherwise plain autodiff, packed afterwards, micro-batches accumulated in fp32 in the
@@ -117,7 +139,7 @@ def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections
     reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
     if config.train.microbatches == 1:
         grads, (sums, stats) = grad_fn(state.params, batch)
-        return _pack(setup, grads, reduce_dtype), sums, stats.counts, stats.dropped
+        return _pack(setup, grads, reduce_dtype), sums, stats.counts, stats.dropped, False
 
     def body(carry, mb):
         acc, sums_acc, counts, dropped = carry
@@ -130,7 +152,19 @@ def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections
     (acc, sums, counts, dropped), _ = jax.lax.scan(
         body, (zeros, *zero_stats(config)), micro_split(batch, config.train.microbatches)
     )
-    return jax.tree.map(lambda x: x.astype(reduce_dtype), acc), sums, counts, dropped
+    return jax.tree.map(lambda x: x.astype(reduce_dtype), acc), sums, counts, dropped, False
+
+
+def _reduce_scatter(setup: Zero1Setup, packed: list, scattered: bool) -> list[tuple[jax.Array, jax.Array]]:
+    """Per group this device's owned sums (slots [s, S], flat [C]) of `local_grads`' packed gradients; slots
+    that the backward pass reduce-scattered already stay as they are."""
+    out = []
+    for group, (slots, flat) in zip(setup.layout.groups, packed):
+        if scattered:
+            out.append((slots, dist.reduce_scatter(group, slots[:0], flat)[1]))
+        else:
+            out.append(dist.reduce_scatter(group, slots, flat))
+    return out
 
 
 def _gather_params(setup: Zero1Setup, params: Any, groups, dtype) -> Any:
@@ -156,12 +190,11 @@ def zero1_local_step(
     lr_fn: Callable | None,
 ):
     """One optimizer step on this device's shard (called inside the shard_map). Returns (state, metrics)."""
-    packed, sums, counts, dropped = local_grads(graphdef, state, batch, config, setup)
+    packed, sums, counts, dropped, scattered = local_grads(graphdef, state, batch, config, setup)
     sums, counts, dropped = jax.lax.psum((sums, counts, dropped), AXES)
     scale = 1.0 / jnp.maximum(sums.tokens, 1.0)
     grads = []
-    for group, (slots, flat) in zip(setup.layout.groups, packed):
-        rs_slots, rs_flat = dist.reduce_scatter(group, slots, flat)
+    for rs_slots, rs_flat in _reduce_scatter(setup, packed, scattered):
         grads.append((rs_slots.astype(jnp.float32) * scale, rs_flat.astype(jnp.float32) * scale))
     local = [dist.local_group_state(g) for g in state.groups]
     compute = dtype_of(config.model.dtype)
@@ -224,12 +257,11 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
     batch_spec = {k: sharding.batch_spec(2) for k in BATCH_KEYS}
 
     def local(state, batch):
-        packed, sums, counts, dropped = local_grads(graphdef, state, batch, config, setup)
+        packed, sums, counts, dropped, scattered = local_grads(graphdef, state, batch, config, setup)
         sums, counts, dropped = jax.lax.psum((sums, counts, dropped), AXES)
         values = {}
-        for group, (slots, flat) in zip(setup.layout.groups, packed):
+        for group, rs in zip(setup.layout.groups, _reduce_scatter(setup, packed, scattered)):
             shapes = local_shapes(setup.layout, group, setup.sizes)
-            rs = dist.reduce_scatter(group, slots, flat)
             full = dist.all_gather(group, *rs, jnp.float32)
             values.update(unpack_slots(group.slots, full[0], shapes))
             values.update(unpack_flat(group.flat, full[1], shapes))
