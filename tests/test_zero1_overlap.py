@@ -11,15 +11,20 @@ import itertools
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AbstractMesh
 
 from tests.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax import hlo_stats
-from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.model.zaya import abstract_model
+from zaya_jax.parallel.mesh import AXES, make_mesh
 from zaya_jax.parallel.owners import SlotLayout, overlap_chunks
 from zaya_jax.plan import abstract_batch
+from zaya_jax.train import zero1
 from zaya_jax.train.setup import prepare, prepare_abstract
+from zaya_jax.train.state import split_model
 from zaya_jax.train.zero1_step import make_zero1_grads
 
 MODEL = dict(num_layers=4, num_experts=16, capacity_factor=16.0, remat="full")  # layer chunks on every mesh
@@ -60,6 +65,29 @@ def test_layer_chunks_pad_little():
     assert layout.layer_row(0) == 0 and layout.layer_row(19) == 19 * 50 and layout.layer_row(20) == 96 * 11
     types = layout.row_types()  # device 95 of each chunk: positions 1045..1055 ≥ 1000 bins → empty
     assert types.shape == (96, 22) and (types[95] == -1).all() and (types[0] == 0).all()
+
+
+def test_chunked_owner_order_round_trips():
+    """Checkpoint conversion with layer chunks (6 devices): packing every leaf into the owners' order and back
+    gives the leaves again, and device d's rows are its s_c rows of each chunk."""
+    config = _config(6, 1)
+    mesh = AbstractMesh((6, 1, 1), AXES)
+    layout = zero1.build_layout(config, mesh, split_model(abstract_model(config.model))[1])
+    (group,) = layout.groups
+    assert group.slots.chunks > 1
+    keys = iter(jax.random.split(jax.random.key(0), len(layout.shapes)))
+    values = {n: jax.random.normal(next(keys), shape) for n, shape in layout.shapes.items()}
+    sizes = dict(mesh.shape)
+    packed = zero1.pack_global(layout, sizes, values)
+    back = zero1.unpack_global(layout, sizes, packed)
+    for name, x in values.items():
+        np.testing.assert_array_equal(np.asarray(back[name]), np.asarray(x), err_msg=name)
+    s = group.slots  # layer 0's first bin is row 0 of chunk 0, i.e. device 0's first slot
+    first = zero1.layer_bins(s, {n: x[0] for n, x in values.items()}, jnp.float32)[0]
+    np.testing.assert_array_equal(np.asarray(packed[0][0][0, 0]), np.asarray(first))
+    layer = s.layers_per_chunk  # first layer of chunk 1: device 0's slot s_c
+    first = zero1.layer_bins(s, {n: x[layer] for n, x in values.items()}, jnp.float32)[0]
+    np.testing.assert_array_equal(np.asarray(packed[0][0][0, s.chunk_slots]), np.asarray(first))
 
 
 @pytest.mark.parametrize(
