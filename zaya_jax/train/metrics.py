@@ -84,9 +84,11 @@ def tensorboard_scalars(row: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-def custom_scalars_layout() -> dict:
-    """tensorboardX Custom Scalars layout: the overview charts, then the MoE balance summary."""
-    overview = {k: ["Multiline", [f"{OVERVIEW}/{k}"]] for k in OVERVIEW_KEYS if not k.startswith("lr_")}
+def custom_scalars_layout(mfu: bool = True) -> dict:
+    """tensorboardX Custom Scalars layout: the overview charts, then the MoE balance summary. `mfu=False`
+    leaves out the MFU chart (no peak FLOP/s known for the device: it would stay empty)."""
+    keys = [k for k in OVERVIEW_KEYS if not k.startswith("lr_") and (mfu or k != "mfu")]
+    overview = {k: ["Multiline", [f"{OVERVIEW}/{k}"]] for k in keys}
     overview["learning rates"] = ["Multiline", [f"{OVERVIEW}/lr_.*"]]
     moe = {
         "worst layer load CV": ["Multiline", ["moe/max_load_cv"]],
@@ -123,10 +125,19 @@ def _keep_rows_up_to(path: str, step: int) -> dict[str, dict[str, Any]]:
 class MetricWriter:
     """Appends rows to `<workdir>/metrics.jsonl` and scalars to `<workdir>/tensorboard/<run_name>`."""
 
-    def __init__(self, workdir: str, *, run_name: str = "", enabled: bool | None = None, start_step: int = 0):
+    def __init__(
+        self,
+        workdir: str,
+        *,
+        run_name: str = "",
+        enabled: bool | None = None,
+        start_step: int = 0,
+        mfu: bool = True,
+    ):
         """`start_step`: the step training resumes from. Rows logged after it by an earlier attempt (steps
         that will be trained again) are dropped from the JSONL file and purged from TensorBoard, so a resumed
-        run has one row per step; `self.previous` keeps the last kept row of each metric name."""
+        run has one row per step; `self.previous` keeps the last kept row of each metric name. `mfu`: whether
+        MFU can be computed (a peak is known), i.e. whether the overview shows its chart."""
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.run_name = run_name or os.path.basename(os.path.normpath(os.path.abspath(workdir))) or "run"
         self._jsonl = self._tb = None
@@ -141,7 +152,7 @@ class MetricWriter:
             self._tb = SummaryWriter(
                 os.path.join(workdir, "tensorboard", self.run_name), purge_step=start_step + 1 if start_step else None
             )
-            self._tb.add_custom_scalars(custom_scalars_layout())
+            self._tb.add_custom_scalars(custom_scalars_layout(mfu))
 
     def last(self, name: str, step: int | None = None) -> Any:
         """Value of metric `name` in the last row that has it (written by this or an earlier attempt), or None;
@@ -165,3 +176,17 @@ class MetricWriter:
             self._jsonl.close()
         if self._tb:
             self._tb.close()
+
+
+def restart_rate_clock(bar) -> None:
+    """Forget the time a tqdm `bar` has measured so far (the first step's compilation) in its rate and ETA.
+
+    Call it once the first step has returned: from then on steps/s and the ETA count stepping time only
+    (tqdm's smoothed rate and its mean (n - initial) / elapsed would otherwise carry the compile for many
+    steps). The elapsed time shown keeps counting from the real start."""
+    if bar.disable:
+        return
+    n, started = bar.n, bar.start_t
+    bar.reset(total=bar.total)
+    bar.n = bar.last_print_n = bar.initial = n
+    bar.start_t = started

@@ -11,7 +11,9 @@ LR schedules are `optax.Schedule`s (step → LR) indexed by optimizer step, buil
   u ∈ [0, 1] the fraction of the decay phase done).
 * ``constant``: linear warmup, then peak forever.
 
-The warmup starts at LR 0 (step 0 makes no update), as `optax.linear_schedule(0, peak, warmup)`.
+The warmup starts at LR 0 (step 0 makes no update), as `optax.linear_schedule(0, peak, warmup)`. A run
+shorter than its warm-up (a smoke run with `train.steps=2`) warms up over all its steps instead
+(`warmup_steps`; `warmup_note` says so once, the training loop prints it).
 
 Batch ramp: `train.batch_ramp` is a tuple of `(start_step, global_batch_size)` stages with
 increasing start steps; before the first stage the batch is `train.global_batch_size`. The paper
@@ -50,8 +52,21 @@ def _wsd(peak: float, steps: int, warmup: int, decay_fraction: float, min_ratio:
 _DECAY_SHAPES = choice_table(DECAY_SHAPES, {"linear": lambda u: u, "sqrt": jnp.sqrt})  # fraction of the decay done
 
 
+def warmup_steps(opt: ml_collections.ConfigDict, steps: int) -> int:
+    """`optimizer.warmup_steps`, clamped to the run's `steps`."""
+    return min(int(opt.warmup_steps), max(int(steps), 0))
+
+
+def warmup_note(config: ml_collections.ConfigDict) -> str | None:
+    """A one-line note when the warm-up was clamped to a run shorter than it, else None."""
+    warmup, steps = int(config.optimizer.warmup_steps), int(config.train.steps)
+    if warmup <= steps:
+        return None
+    return f"optimizer.warmup_steps={warmup} > train.steps={steps}: warming up over all {steps} steps instead"
+
+
 def _warmup_cosine(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
-    warmup = int(opt.warmup_steps)
+    warmup = warmup_steps(opt, steps)
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=peak,
@@ -62,7 +77,7 @@ def _warmup_cosine(opt: ml_collections.ConfigDict, steps: int, peak: float) -> o
 
 
 def _constant(opt: ml_collections.ConfigDict, steps: int, peak: float) -> optax.Schedule:
-    warmup = int(opt.warmup_steps)
+    warmup = warmup_steps(opt, steps)
     if warmup == 0:
         return optax.constant_schedule(peak)
     return optax.join_schedules([optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak)], [warmup])
@@ -73,7 +88,7 @@ _SCHEDULES = choice_table(
     {
         "warmup_cosine": _warmup_cosine,
         "wsd": lambda opt, steps, peak: _wsd(
-            peak, steps, int(opt.warmup_steps), opt.decay_fraction, opt.min_lr_ratio, opt.wsd_decay_shape
+            peak, steps, warmup_steps(opt, steps), opt.decay_fraction, opt.min_lr_ratio, opt.wsd_decay_shape
         ),
         "constant": _constant,
     },
