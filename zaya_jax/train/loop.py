@@ -3,7 +3,13 @@
 `train(config, workdir)` runs `config.train.steps` optimizer steps, logging every
 `train.log_every` steps to JSONL + TensorBoard + a progress bar, and returns a summary dict with
 the final held-out loss. Metrics are fetched from the device only on logging steps, so the host
-never waits for the device in between (dispatch runs ahead).
+never waits for the device in between (dispatch runs ahead). The progress bar's rate and ETA start after
+the first step (its compilation is not stepping time).
+
+Held-out loss (`eval_loss`, here, in metrics.jsonl, TensorBoard and the summary) is the mean cross-entropy
+over the first `train.eval_batches` batches of the eval split, the same rows every time; `eval_tokens`
+says how many tokens that is. `launch.eval` scores the whole split (or `--max_batches`), so its loss
+differs by the sampling of the split, not by definition.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -25,7 +32,7 @@ from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.train import health, schedule
-from zaya_jax.train.metrics import MetricWriter, learning_rates
+from zaya_jax.train.metrics import MetricWriter, learning_rates, restart_rate_clock
 from zaya_jax.train.setup import prepare
 from zaya_jax.train.step import BATCH_KEYS, micro_loss
 
@@ -51,8 +58,9 @@ def make_eval_step(graphdef, mesh, config: ml_collections.ConfigDict):
     return run
 
 
-def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: int) -> float:
-    """Mean held-out cross-entropy (nats/token) over the first `num_batches` eval batches."""
+def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: int) -> dict[str, float]:
+    """{"eval_loss": mean held-out cross-entropy (nats/token), "eval_tokens": tokens scored} over the first
+    `num_batches` eval batches."""
     eval_iter.reset()
     ce = tokens = 0.0
     for _ in range(num_batches):
@@ -61,7 +69,7 @@ def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: 
             break
         c, t = eval_step(state, to_global(batch, mesh))
         ce, tokens = ce + float(c), tokens + float(t)
-    return ce / max(tokens, 1.0)
+    return {"eval_loss": ce / max(tokens, 1.0), "eval_tokens": int(tokens)}
 
 
 MEASURE_PEAK_HINT = (
@@ -107,10 +115,12 @@ def train(
     eval_step = make_eval_step(graphdef, mesh, config)
     lr_fns = schedule.learning_rate_schedules(config)
     start = int(state.step)
-    writer = MetricWriter(workdir, run_name=t.run_name, start_step=start)
+    peak = mesh_peak_flops(config)
+    writer = MetricWriter(workdir, run_name=t.run_name, start_step=start, mfu=peak is not None)
     monitor = health.BalanceMonitor(config.balancing, config.model)
     flops_per_token = train_flops_per_token(config.model, t.seq_len)
-    peak = mesh_peak_flops(config)
+    if (note := schedule.warmup_note(config)) and jax.process_index() == 0:
+        warnings.warn(note, stacklevel=2)
     if peak is None and jax.process_index() == 0:
         logging.info(MEASURE_PEAK_HINT.format(kind=jax.devices()[0].device_kind))
     show = not quiet and jax.process_index() == 0
@@ -123,6 +133,8 @@ def train(
     while step < t.steps:
         global_batch = schedule.batch_size_at(step, t)
         state, metrics = step_fn(state, to_global(train_iter.next_batch(global_batch), mesh))
+        if step == start:  # compiled and dispatched: the rate and ETA count from here
+            restart_rate_clock(bar)
         last["tokens"] += global_batch * t.seq_len
         if (step + 1) % t.log_every == 0 or step + 1 == t.steps:
             metrics = jax.device_get(metrics)
@@ -139,9 +151,7 @@ def train(
                     logging.warning("%s", msg)
             last.update(time=now, step=step + 1, tokens=0.0)
         if t.eval_every and (step + 1) % t.eval_every == 0 and eval_iter is not None:
-            writer.write(
-                step + 1, {"eval_loss": evaluate(eval_step, state, eval_iter, mesh, global_batch, t.eval_batches)}
-            )
+            writer.write(step + 1, evaluate(eval_step, state, eval_iter, mesh, global_batch, t.eval_batches))
         if checkpointer is not None:
             state = checkpointer.maybe_save(step + 1, state, train_iter, metrics)
             if checkpointer.resume_step is not None:  # rolled back (NaN/Inf loss or spike): go on from there
@@ -158,11 +168,12 @@ def train(
     summary = {"steps": int(state.step), "final_loss": math.nan if last_loss is None else last_loss}
     preempted = checkpointer is not None and checkpointer.stop_requested  # saved; the grace period is short
     if eval_iter is not None and not preempted:
-        logged = writer.last("eval_loss", step=int(state.step))  # evaluated at this step already (eval_every)
-        if logged is None:
-            logged = evaluate(eval_step, state, eval_iter, mesh, schedule.batch_size_at(t.steps - 1, t), t.eval_batches)
-            writer.write(int(state.step), {"eval_loss": logged})
-        summary["eval_loss"] = logged
+        held_out = {k: writer.last(k, step=int(state.step)) for k in ("eval_loss", "eval_tokens")}
+        if held_out["eval_loss"] is None:  # not evaluated at this step already (eval_every)
+            batch = schedule.batch_size_at(t.steps - 1, t)
+            held_out = evaluate(eval_step, state, eval_iter, mesh, batch, t.eval_batches)
+            writer.write(int(state.step), held_out)
+        summary.update(held_out, eval_batches=int(t.eval_batches))
     summary["data"] = list(data_dirs)
     if len(data_dirs) == 1:
         from zaya_jax.data.corpus import unigram_entropy
