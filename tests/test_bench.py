@@ -255,13 +255,13 @@ def test_moe_suite_quick(tmp_path):
         str(tmp_path),
         m,
         64,
-        dispatches=("capacity", "grouped", "ep"),
+        dispatches=("capacity", "dropless:loops", "ep"),
         warmup=1,
         trials=1,
         ep_devices=2,
         command="pytest",
     )
-    assert [r["dispatch"] for r in rows] == ["capacity", "grouped", "ep"]
+    assert [r["dispatch"] for r in rows] == ["capacity", "dropless:loops", "ep"]
     for r in rows:
         assert _finite_positive(r["ratio_vs_dense"])
         assert r["ratio_vs_dense"] == pytest.approx(r["moe_s_median"] / r["dense_s_median"])
@@ -271,7 +271,8 @@ def test_moe_suite_quick(tmp_path):
     assert "pytest" in report
     # the summary names the dispatch `auto` runs on one CPU device, with its row's ratio
     assert (
-        f"dropless (grouped, what `auto` runs on one device here) / dense: {rows[1]['ratio_vs_dense']:.2f}x" in report
+        f"dropless (dropless:loops, what `auto` runs on one device here) / dense: {rows[1]['ratio_vs_dense']:.2f}x"
+        in report
     )
     router, expert = moe.active_flops_per_token(m)
     assert moe.dense_width(m) * 6 * m.hidden_size == pytest.approx(router + expert, rel=0.05)

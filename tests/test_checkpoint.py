@@ -172,7 +172,7 @@ def test_hf_export_matches_transformers_and_import_resumes(reference, data_dir, 
     transformers = pytest.importorskip("transformers")
     hf_dir = str(tmp_path / "hf")
     run([sys.executable, "-m", "launch.reshard", f"--src={reference}", f"--to_hf={hf_dir}"], None)
-    _, model = load_model(os.path.join(reference, "checkpoints"), overrides={"dispatch": "ragged"})
+    _, model = load_model(os.path.join(reference, "checkpoints"), overrides={"dispatch": "dropless"})
     ids = np.random.default_rng(0).integers(3, 300, (2, 24)).astype(np.int32)
     jax_logits = np.asarray(nnx.jit(lambda m, x: m.forward(x).logits)(model, jnp.asarray(ids)))
     hf_model = transformers.ZayaForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()

@@ -204,7 +204,7 @@ def run(request, tmp_path_factory):
 
 def test_logits_and_skip_slot(run):
     m = run["config"].model
-    assert m.skip_output == "zero" and m.dispatch == "ragged"
+    assert m.skip_output == "zero" and m.dispatch == "dropless"
     for seq, (ref, out) in run["logits"].items():
         err = rel_err(out, ref)
         print(f"{run['name']} S={seq}: logits rel err {err:.2e}")

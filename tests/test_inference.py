@@ -94,7 +94,7 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(hf_dir):
-    """skip_output → JAX model loaded from the HF directory (dropless "ragged" dispatch, fp32)."""
+    """skip_output → JAX model loaded from the HF directory (dropless dispatch, fp32)."""
     _, path = hf_dir
     return {mode: hf.load_pretrained(path, skip_output=mode)[1] for mode in ("zero", "scaled_input")}
 

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 from zaya_jax.config import model_config, validate_model
-from zaya_jax.model import abstract_model, layers
-from zaya_jax.model.cca import CCA, attention_chunks, causal_attention
+from zaya_jax.model import abstract_model
+from zaya_jax.model.cca import CCA
 from zaya_jax.model.moe import MoE
 from zaya_jax.model.router import Router
 from zaya_jax.model.zaya import frozen
@@ -340,19 +340,17 @@ def test_dispatches_agree_outputs_and_gradients():
     state = jnp.asarray(rng.standard_normal((2, 16, base.router_hidden_size)), jnp.float32)
     ref_moe, _ = make_moe(base, seed=41, skip_bias=0.05)
     results = {}
-    for dispatch in ("dense", "ragged", "capacity", "grouped"):
-        moe = MoE(
-            make_cfg(
-                num_experts=4, skip_output="scaled_input", dispatch=dispatch, capacity_factor=float(base.num_experts)
-            ),
-            rngs=nnx.Rngs(1),
-        )
+    for name in ("dense", "dropless:ragged_dot", "capacity", "dropless:loops"):
+        dispatch, _, kernel = name.partition(":")
+        m = make_cfg(num_experts=4, skip_output="scaled_input", dispatch=dispatch, capacity_factor=4.0).as_configdict()
+        m.kernels.grouped_gemm = kernel or "auto"
+        moe = MoE(frozen(m), rngs=nnx.Rngs(1))
         nnx.update(moe, nnx.state(ref_moe))
-        results[dispatch] = moe_outputs_and_grads(moe, x, state, cot)
+        results[name] = moe_outputs_and_grads(moe, x, state, cot)
     out, stats, grads = results["dense"]
     counts = np.asarray(stats.counts)
     assert counts[-1] > 0 and (counts[:-1] > 0).sum() >= 2
-    for name in ("ragged", "capacity", "grouped"):
+    for name in ("dropless:ragged_dot", "capacity", "dropless:loops"):
         o, s, g = results[name]
         assert int(s.dropped) == 0
         np.testing.assert_array_equal(np.asarray(s.counts), counts)
@@ -397,7 +395,7 @@ def np_model(ids, a: dict[str, np.ndarray], m):
 
 @pytest.mark.parametrize("skip_output", ["scaled_input", "zero"])
 def test_scan_equals_unrolled_loop_and_numpy(skip_output):
-    m = make_cfg(skip_output=skip_output, dispatch="ragged")
+    m = make_cfg(skip_output=skip_output, dispatch="dropless")
     graphdef, state = nnx.split(abstract_model(m))  # a fully random model, skip slot reachable
     model = nnx.merge(graphdef, nnx.from_flat_state(fill_random(nnx.to_flat_state(state), 60, skip_bias=0.05)))
     ids = np.random.default_rng(61).integers(0, m.vocab_size, size=(2, 7))
@@ -416,130 +414,3 @@ def test_scan_equals_unrolled_loop_and_numpy(skip_output):
     np.testing.assert_array_equal(np.asarray(out.stats.counts), np.stack(counts))
     assert np.asarray(out.stats.counts)[:, -1].sum() > 0  # the skip slot is exercised
     assert rel(out.logits, np_model(ids, arrays_of(model), m)) < TOL
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("tokens", [6, 7])
-def test_mm_gradients_match_numpy(dtype, tokens):
-    """`layers.mm` on [B, S, K] (flattened to one token axis) and its input and weight gradients (in bf16 on CPU
-    read from forward-layout copies; even and odd token counts) against NumPy in float64."""
-    rng = np.random.default_rng(0)
-    dt = jnp.dtype(dtype)
-    x = jnp.asarray(rng.normal(size=(1, tokens, 5)), dt)
-    w = jnp.asarray(rng.normal(size=(5, 3)), jnp.float32)
-    g = rng.normal(size=(1, tokens, 3))
-    y, vjp = jax.vjp(lambda x, w: layers.mm(x, w, dt), x, w)
-    dx, dw = vjp(jnp.asarray(g, jnp.float32))
-    xn, wn = np.asarray(x, np.float64), np.asarray(w.astype(dt), np.float64)
-    gn = np.asarray(jnp.asarray(g, jnp.float32).astype(dt), np.float64)  # the backward casts g to the compute dtype
-    tol = 1e-5 if dtype == "float32" else 2e-2
-    assert y.shape == (1, tokens, 3) and y.dtype == jnp.float32 and dw.dtype == jnp.float32
-    np.testing.assert_allclose(np.asarray(y), xn @ wn, rtol=tol, atol=tol)
-    np.testing.assert_allclose(np.asarray(dw), xn[0].T @ gn[0], rtol=tol, atol=tol)
-    np.testing.assert_allclose(np.asarray(dx, np.float64), gn @ wn.T, rtol=tol, atol=5 * tol)
-
-
-@pytest.mark.parametrize("seq, chunk, blocks", [(12, 4, 3), (12, 12, 1), (10, 4, 2), (11, 4, 1), (64, 2, 16)])
-def test_chunked_causal_attention_matches_numpy_and_the_full_square(seq, chunk, blocks):
-    """Query blocks that see only the keys up to their own end (`model.attention_chunk`) give NumPy's causal
-    attention, and the gradients of a plain masked-square jnp attention. Blocks are equal: 10 tokens at chunk 4
-    go in 2 blocks of 5, 11 (prime) in one; at most 16 blocks."""
-    rng = np.random.default_rng(3)
-    q, k, v = (rng.standard_normal((2, seq, n, 8)) for n in (4, 2, 2))
-    g = rng.standard_normal((2, seq, 4, 8))
-
-    def square(q, k, v):  # independent of zaya_jax: the masked S×S square
-        qg = q.reshape(2, seq, 2, 2, 8)
-        logits = jnp.einsum("bqkgd,bskd->bkgqs", qg, k) / math.sqrt(8)
-        logits = jnp.where(jnp.tril(jnp.ones((seq, seq), bool)), logits, -jnp.inf)
-        return jnp.einsum("bkgqs,bskd->bqkgd", jax.nn.softmax(logits, -1), v).reshape(2, seq, 4, 8)
-
-    args = [jnp.asarray(a, jnp.float32) for a in (q, k, v)]
-    out, vjp = jax.vjp(lambda q, k, v: causal_attention(q, k, v, jnp.float32, chunk=chunk), *args)
-    assert rel(out.reshape(2, seq, -1), np_attention(q, k, v)) < TOL
-    _, vjp_ref = jax.vjp(square, *args)
-    for got, want in zip(vjp(jnp.asarray(g, jnp.float32)), vjp_ref(jnp.asarray(g, jnp.float32))):
-        assert rel(got, want) < TOL
-    assert attention_chunks(seq, chunk) == blocks
-
-
-def test_grouped_swiglu_bf16_gradients_match_numpy():
-    """The CPU grouped expert GEMMs in bf16 (backward operands copied into the forward layout, fp32 accumulation)
-    against a float64 NumPy SwiGLU per expert on the same bf16-rounded inputs: outputs and all three gradients.
-    The weights are layer-stacked (layer 1 of 2, as the layer scan passes them): the other layer's weights get a
-    zero gradient."""
-    from zaya_jax.model.grouped import PAD, grouped_swiglu
-
-    rng = np.random.default_rng(7)
-    # an empty expert, groups of one chunk, one of a full chunk and no rest (256), one of a full chunk and a rest
-    sizes = np.array([21, 0, 300, 256, 35], np.int32)
-    e, h, i = len(sizes), 16, 8
-    t = int(sizes.sum())
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
-    bf = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64)  # noqa: E731
-    xs = bf(np.concatenate([rng.normal(size=(t, h)), np.zeros((PAD, h))]))
-    w_in, w_out = rng.normal(size=(e, h, 2 * i)) / 4, rng.normal(size=(e, i, h)) / 3
-    cot = bf(rng.normal(size=(t + PAD, h)))  # the backward casts the cotangent to bf16
-
-    other = lambda w: np.stack([rng.normal(size=w.shape), w])  # noqa: E731  (layer 0: unused weights)
-
-    def loss(xs, w_in, w_out):
-        ys = grouped_swiglu(xs, jnp.asarray(starts), jnp.asarray(sizes), w_in, w_out, jnp.int32(1))
-        return jnp.sum(ys * jnp.asarray(cot, jnp.float32)), ys
-
-    (_, ys), (dx, dwi_all, dwo_all) = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(
-        jnp.asarray(xs, jnp.bfloat16), jnp.asarray(other(w_in), jnp.float32), jnp.asarray(other(w_out), jnp.float32)
-    )
-    assert not np.any(np.asarray(dwi_all[0])) and not np.any(np.asarray(dwo_all[0]))
-    dwi, dwo = dwi_all[1], dwo_all[1]
-    ref_y, ref_dx = np.zeros_like(xs), np.zeros_like(xs)
-    ref_dwi, ref_dwo = np.zeros((e, h, 2 * i)), np.zeros((e, i, h))
-    for k in range(e):
-        rows = slice(starts[k], starts[k] + sizes[k])
-        x, wi, wo, dy = xs[rows], bf(w_in[k]), bf(w_out[k]), cot[rows]
-        g, u = np.split(x @ wi, 2, axis=-1)
-        sig = 1 / (1 + np.exp(-g))
-        act = g * sig * u
-        ref_y[rows] = act @ wo
-        da = dy @ wo.T
-        dgu = np.concatenate([da * u * sig * (1 + g * (1 - sig)), da * g * sig], axis=-1)
-        ref_dwo[k], ref_dwi[k], ref_dx[rows] = act.T @ dy, x.T @ dgu, dgu @ wi.T
-    assert ys.dtype == jnp.float32 and dx.dtype == jnp.bfloat16 and dwi.dtype == jnp.float32
-    for got, ref in ((ys, ref_y), (dx, ref_dx), (dwi, ref_dwi), (dwo, ref_dwo)):
-        assert rel(np.asarray(got, np.float64), ref) < 2e-2
-
-
-@pytest.mark.parametrize(
-    "spec, shape_a, shape_b",
-    [
-        ("gbti,gio->gbto", (3, 2, 5, 8), (3, 8, 8)),  # the CCA grouped conv
-        ("bqkgd,bskd->bkgqs", (2, 5, 2, 2, 8), (2, 5, 2, 8)),  # attention logits
-        ("bkgqs,bskd->bqkgd", (2, 2, 2, 5, 5), (2, 5, 2, 8)),  # attention output
-    ],
-)
-def test_bf16_einsums_match_numpy_through_a_layer_scan(spec, shape_a, shape_b):
-    """`layers.einsum` in bf16 inside a scan over two layers (operands permuted into the GEMM layout, residuals
-    stacked as bits on CPU) against float64 NumPy on the same bf16-rounded values: outputs and both gradients."""
-    rng = np.random.default_rng(11)
-    bf = lambda a: np.asarray(jnp.asarray(a, jnp.bfloat16), np.float64)  # noqa: E731
-    a, b = bf(rng.normal(size=(2, *shape_a))), bf(rng.normal(size=(2, *shape_b)))
-    out_shape = jax.eval_shape(lambda x, y: jnp.einsum(spec, x, y), a[0], b[0]).shape
-    cot = bf(rng.normal(size=(2, *out_shape)))
-
-    def loss(a, b):
-        ys = jax.lax.scan(lambda c, ab: (c, layers.einsum(spec, ab[0], ab[1], jnp.bfloat16)), 0.0, (a, b))[1]
-        return jnp.sum(ys * jnp.asarray(cot, jnp.float32)), ys
-
-    (_, ys), (da, db) = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(
-        jnp.asarray(a, jnp.bfloat16), jnp.asarray(b, jnp.bfloat16)
-    )
-    inputs, out = spec.split("->")
-    sa, sb = inputs.split(",")
-    stacked = lambda s: "L" + s  # noqa: E731  (the layer axis)
-    ref_y = np.einsum(f"{stacked(sa)},{stacked(sb)}->{stacked(out)}", a, b)
-    ref_da = np.einsum(f"{stacked(out)},{stacked(sb)}->{stacked(sa)}", cot, b)
-    ref_db = np.einsum(f"{stacked(sa)},{stacked(out)}->{stacked(sb)}", a, cot)
-    assert ys.dtype == jnp.float32 and da.dtype == db.dtype == jnp.bfloat16
-    assert rel(np.asarray(ys, np.float64), ref_y) < 1e-5
-    for got, ref in ((da, ref_da), (db, ref_db)):
-        assert rel(np.asarray(got, np.float64), ref) < 1e-2

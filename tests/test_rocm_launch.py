@@ -50,10 +50,20 @@ def test_env_defaults_and_overrides():
     assert ids == "0,1,2,3" and hca == "mlx5_0" and xla.startswith("--xla_dump_to=/tmp/x ")
 
 
-def test_env_xla_flags_are_known_to_this_xla():
+@pytest.mark.parametrize("env", ["launch/rocm/env.sh", "launch/cuda/env.sh"])
+def test_env_xla_flags_are_known_to_this_xla(env):
     code = "import jax; print(len(jax.devices()))"
-    proc = _bash(f"source launch/rocm/env.sh; JAX_PLATFORMS=cpu {shlex.quote(sys.executable)} -c {shlex.quote(code)}")
+    proc = _bash(f"source {env}; JAX_PLATFORMS=cpu {shlex.quote(sys.executable)} -c {shlex.quote(code)}")
     assert proc.returncode == 0 and "Unknown flag" not in proc.stderr, proc.stderr[-2000:]
+
+
+def test_gpu_envs_set_the_kernels_lowering_and_overlap_flags():
+    """The grouped-GEMM lowering `auto` relies on (ROCm) and the collective overlap both envs need."""
+    rocm = _bash('source launch/rocm/env.sh; echo "$XLA_FLAGS"').stdout
+    cuda = _bash('source launch/cuda/env.sh; echo "$XLA_FLAGS|$CUDA_DEVICE_MAX_CONNECTIONS"').stdout.strip()
+    assert "--xla_gpu_experimental_use_ragged_dot_grouped_gemm=true" in rocm
+    assert "--xla_gpu_all_gather_combine_threshold_bytes=1073741824" in rocm
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" in cuda and cuda.endswith("|1")
 
 
 def test_node_command_is_a_supervised_trainer_with_per_node_state():

@@ -126,7 +126,7 @@ def test_balance_warnings_name_layer_and_fix():
     out = [mon.update(s, bad_drop) for s in (90, 100, 110)]
     assert out[:2] == [[], []] and len(out[2]) == 1
     assert out[2][0].startswith("layer 0: dropped fraction 0.2 > 0.05")
-    assert "model.capacity_factor (now 2.0)" in out[2][0] and "model.dispatch=grouped" in out[2][0]
+    assert "model.capacity_factor (now 2.0)" in out[2][0] and "model.dispatch=dropless" in out[2][0]
     assert monitor(patience=0).update(10, bad_cv) == []  # 0 = off
 
 

@@ -50,7 +50,7 @@ def test_loss_and_grads_mesh_invariant(reference, data, expert):
     assert np.count_nonzero(ref_counts[:, :-1]) > 2, "routing should use several experts"
 
 
-@pytest.mark.parametrize("dispatch", ["grouped", "capacity"])  # ragged: single-device tests
+@pytest.mark.parametrize("dispatch", ["dropless", "capacity"])
 def test_ep_equals_dense_and_dropless(reference, dispatch):
     """On the 2x4 mesh every dispatch gives the dense single-device result."""
     ref_loss, ref_grads, _, _ = reference

@@ -3,7 +3,7 @@
 Times only the six GEMMs of a SwiGLU forward + backward (gate|up, down; and for the backward the input and
 weight gradients of each), in fp32, jitted, on one CPU device:
   * grouped: one loop over E experts with their own weights, each taking T / E rows (perfectly balanced
-    routing, one chunk per expert: the best case of `zaya_jax.model.grouped`, no padding, no dispatch);
+    routing, one chunk per expert: the best case of `zaya_jax.kernels.grouped_loops`, no padding, no dispatch);
   * dense: the same six GEMMs on all T rows with the moe suite's equal-FLOPs width.
 No router, sort, gather, scatter or activation is timed, so the grouped / dense ratio it prints is what the
 per-expert GEMMs cost before any dispatch overhead: the dropless block cannot beat it with these kernels.

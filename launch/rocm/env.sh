@@ -38,10 +38,17 @@ _zaya_xla_flags=(
   --xla_gpu_autotune_level=4
   # let the scheduler use 95% of the memory limit before it stops overlapping
   --xla_gpu_memory_limit_slop_factor=95
-  # combine the per-parameter ZeRO-1 collectives into few large ones (8 GiB thresholds) [B]
-  --xla_gpu_all_gather_combine_threshold_bytes=8589934592
-  --xla_gpu_reduce_scatter_combine_threshold_bytes=8589934592
+  # combine the per-parameter ZeRO-1 collectives into few large ones, at 1 GiB: AMD's MaxText DeepSeek-V3 runs
+  # on MI300X-class nodes measured about 3 s/step saved going from 8 GiB to 1 GiB all-gather combining (large
+  # combined gathers serialise the step and cannot overlap) [B: ROCm maxtext-slurm]
+  --xla_gpu_all_gather_combine_threshold_bytes=1073741824
+  --xla_gpu_reduce_scatter_combine_threshold_bytes=1073741824
   --xla_gpu_enable_all_gather_combine_by_dim=false
+  # `model.kernels.grouped_gemm=ragged_dot` (what `auto` picks on ROCm, docs/kernels.md): lower ragged_dot to a
+  # hipBLASLt grouped GEMM instead of XLA's default padded dense dot (E x the expert FLOPs); bf16/fp16 only on
+  # MI300, slower than the padded dot for small groups, faster at the paper's >= 1k tokens per expert
+  # [B: ROCm/xla PR 514, openxla/xla PR 38088]
+  --xla_gpu_experimental_use_ragged_dot_grouped_gemm=true
 )
 export XLA_FLAGS="${XLA_FLAGS:-} ${_zaya_xla_flags[*]}"
 unset _zaya_xla_flags

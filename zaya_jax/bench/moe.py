@@ -7,7 +7,8 @@ FLOPs, with no routing. Each row times `jax.grad` w.r.t. all parameters and x (f
 jitted, median over trials; `ratio_vs_dense` = MoE time / dense time measured in the same run.
 
 `ep` runs on a mesh of `ep_devices` devices (expert axis) and its dense baseline runs data-parallel on the
-same devices; every other dispatch runs on one device.
+same devices; every other dispatch runs on one device. A row's `dispatch` is `model.dispatch`, with the
+grouped-GEMM kernel after a colon for `dropless` (`dropless:loops`, `dropless:ragged_dot`, docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from zaya_jax import kernels
 from zaya_jax.bench import common
-from zaya_jax.config import CONCRETE_DISPATCHES
-from zaya_jax.model.moe import MoE, capacity, resolve_dispatch
+from zaya_jax.model.moe import MoE, capacity
 from zaya_jax.model.zaya import frozen
 from zaya_jax.parallel.mesh import AXES
 
@@ -45,9 +46,20 @@ COLUMNS = (
     "dropped_fraction",
     "active_gflop",
 )
-# every dispatch but "auto"; the two that do E x the expert work on CPU last: their [E, T, ...] buffers left
-# the rows after them slower in the same process (grouped 164 ms after them, 135 ms before, one host)
-DISPATCHES = tuple(sorted(CONCRETE_DISPATCHES, key=lambda d: d in ("ragged", "dense")))
+# every concrete dispatch (dropless once per CPU-runnable grouped-GEMM kernel); the two that do E x the expert
+# work on CPU last: their [E, T, ...] buffers left the rows after them slower in the same process (dropless:loops
+# 164 ms after them, 135 ms before, one host)
+DISPATCHES = ("dropless:loops", "capacity", "ep", "dropless:ragged_dot", "dense")
+
+
+def with_dispatch(m: ml_collections.ConfigDict, dispatch: str) -> ml_collections.ConfigDict:
+    """A copy of model config `m` running `dispatch` ("dropless:<grouped-GEMM kernel>" or a dispatch name)."""
+    name, _, kernel = dispatch.partition(":")
+    cfg = ml_collections.ConfigDict(m.to_dict())
+    cfg.dispatch = name
+    if kernel:
+        cfg.kernels.grouped_gemm = kernel
+    return cfg
 
 
 def active_flops_per_token(m: ml_collections.ConfigDict) -> tuple[int, int]:
@@ -83,9 +95,7 @@ def time_moe(
     m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: Sequence, warmup: int, trials: int
 ) -> dict[str, Any]:
     """Time the MoE block (fwd+bwd) and its equal-FLOPs dense baseline on `devices`."""
-    cfg = ml_collections.ConfigDict(m.to_dict())
-    cfg.dispatch = dispatch
-    moe = MoE(frozen(cfg), rngs=nnx.Rngs(params=0))
+    moe = MoE(frozen(with_dispatch(m, dispatch)), rngs=nnx.Rngs(params=0))
     graphdef, params, rest = nnx.split(moe, nnx.Param, ...)
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((1, tokens, m.hidden_size), np.float32))
@@ -113,10 +123,11 @@ def time_moe(
     router, expert = active_flops_per_token(m)
     work = {
         "dense": float(m.num_experts),
-        "ragged": float(m.num_experts) if jax.default_backend() == "cpu" else 1.0,
+        # XLA:CPU lowers ragged_dot to a dense masked dot; XLA's GPU lowerings vary (docs/kernels.md)
+        "dropless:ragged_dot": float(m.num_experts) if kernels.current_platform() == "cpu" else float("nan"),
         "capacity": m.num_experts * capacity(tokens, m.num_experts, m.capacity_factor) / tokens,
         "ep": m.num_experts * capacity(tokens // n, m.num_experts, m.capacity_factor) / (tokens // n),
-        "grouped": float(np.sum(-(-np.asarray(stats.counts[:-1]) // 16) * 16)) / tokens,
+        "dropless:loops": float(np.sum(-(-np.asarray(stats.counts[:-1]) // 16) * 16)) / tokens,
     }  # rows rounded to 16
     return dict(
         dispatch=dispatch,
@@ -187,7 +198,7 @@ def run(
         f"{m.moe_intermediate_size}, router {m.router_hidden_size}; dense baseline width "
         f"{dense_width(m)} (equal active FLOPs incl. the router); forward + backward, f32"
     )
-    dropless = resolve_dispatch("auto")  # no mesh: the per-device dropless dispatch of this backend
+    dropless = "dropless:" + kernels.resolve(m).grouped_gemm  # what `auto` runs on one device here
     summary = [f"{r['ratio_vs_dense']:.2f}x" for r in rows if r["dispatch"] == dropless]
     result = common.report(
         out_dir,

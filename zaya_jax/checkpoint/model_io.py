@@ -83,7 +83,7 @@ def load_model(
     """(config, model) from a training checkpoint: only params and balancing biases are read.
 
     dtype: "float32" | "bfloat16" for parameters and compute (biases stay fp32); overrides: model-config
-    fields (e.g. {"dispatch": "ragged"} for dropless inference). Arrays land on `sharding` (default: the
+    fields (e.g. {"dispatch": "dropless"} for dropless inference). Arrays land on `sharding` (default: the
     first device).
     """
 

@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from zaya_jax import kernels
 from zaya_jax.checkpoint import faults as faults_lib
 from zaya_jax.checkpoint.errors import CheckpointConfigError, CheckpointError, CorruptCheckpointError
 from zaya_jax.checkpoint.events import EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, Heartbeat
@@ -153,6 +154,7 @@ class TrainCheckpointer:
             "data": train_iter.get_state() if train_iter is not None else None,
             "seed": int(self.config.train.seed),
             "config": json.loads(self.config.to_json_best_effort()),
+            "kernels": kernels.resolve(self.config.model).as_dict(),  # what `auto` resolved to (docs/kernels.md)
             "mesh": {k: int(v) for k, v in mesh.shape.items()} if mesh is not None else None,
             "process_count": jax.process_count(),
             "rollbacks": {str(k): v for k, v in self._rollbacks.items()},

@@ -17,6 +17,7 @@ from types import ModuleType
 import ml_collections
 
 from zaya_jax.config.defaults import (
+    ATTENTION_KERNELS,
     CONCRETE_DISPATCHES,
     CONTEXT_CHUNKS,
     CONTEXT_LAYOUTS,
@@ -28,6 +29,9 @@ from zaya_jax.config.defaults import (
     GAIN_UNITS,
     GEOMETRY_FIELDS,
     GRAD_REDUCE_DTYPES,
+    GROUPED_GEMM_KERNELS,
+    KERNEL_PLATFORMS,
+    MATMUL_KERNELS,
     PARAM_SHARDINGS,
     REMAT_POLICIES,
     SCHEDULES,
@@ -57,6 +61,7 @@ from zaya_jax.config.validate import (
 )
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "CONCRETE_DISPATCHES",
     "CONTEXT_CHUNKS",
     "CONTEXT_LAYOUTS",
@@ -68,6 +73,9 @@ __all__ = [
     "GAIN_UNITS",
     "GEOMETRY_FIELDS",
     "GRAD_REDUCE_DTYPES",
+    "GROUPED_GEMM_KERNELS",
+    "KERNEL_PLATFORMS",
+    "MATMUL_KERNELS",
     "PARAM_SHARDINGS",
     "REMAT_POLICIES",
     "SCHEDULES",

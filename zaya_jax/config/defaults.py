@@ -14,7 +14,6 @@ import ml_collections
 # ---------------------------------------------------------------------------- choice names
 DTYPES = ("float32", "bfloat16")
 SKIP_OUTPUTS = ("scaled_input", "zero")  # "scaled_input" (legacy training code) | "zero" (HF-native)
-# MoE dispatch: "auto" resolves at trace time (model/moe.py) to one of the concrete ones
 # the integer sizes that define a ZAYA1 shape (checked, printed and compared by every tool that reads a model)
 GEOMETRY_FIELDS = (
     "vocab_size",
@@ -27,8 +26,16 @@ GEOMETRY_FIELDS = (
     "moe_intermediate_size",
     "router_hidden_size",
 )
-DISPATCHES = ("auto", "dense", "ragged", "capacity", "grouped", "ep")
+# MoE dispatch (how tokens reach their experts): "auto" resolves at trace time (model/moe.py) to one of the
+# concrete ones; "dropless" runs the grouped expert GEMMs of `model.kernels.grouped_gemm`
+DISPATCHES = ("auto", "dense", "dropless", "capacity", "ep")
 CONCRETE_DISPATCHES = DISPATCHES[1:]
+# Kernels (zaya_jax/kernels/): the platform a program is built for and one implementation per kernel; "auto"
+# resolves once, when the model is built, from `model.kernels.platform` (docs/kernels.md)
+KERNEL_PLATFORMS = ("auto", "cpu", "cuda", "rocm")
+MATMUL_KERNELS = ("auto", "xla", "xla_cpu")  # xla_cpu: bf16 GEMMs in XLA:CPU's fast layout, residuals as bits
+GROUPED_GEMM_KERNELS = ("auto", "loops", "ragged_dot", "tokamax")  # dropless expert GEMMs
+ATTENTION_KERNELS = ("auto", "xla", "cudnn")  # xla: chunked causal einsums; cudnn: fused (CUDA, bf16)
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 CONTEXT_LAYOUTS = ("contiguous", "zigzag")
 SCHEDULES = ("warmup_cosine", "wsd", "constant")
@@ -76,6 +83,8 @@ def model_config() -> ml_collections.ConfigDict:
             skip_output="scaled_input",  # SKIP_OUTPUTS
             skip_bias_init=-1.0,
             dispatch="auto",  # DISPATCHES ("auto": see model/moe.py)
+            # KERNEL_PLATFORMS, MATMUL_KERNELS, GROUPED_GEMM_KERNELS, ATTENTION_KERNELS ("auto": zaya_jax/kernels)
+            kernels=dict(platform="auto", matmul="auto", grouped_gemm="auto", attention="auto"),
             capacity_factor=2.0,  # capacity / EP dispatch: slots per expert = cf * tokens / experts
             tie_word_embeddings=True,
             initializer_range=0.02,

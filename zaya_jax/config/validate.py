@@ -50,7 +50,13 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
         f"model.num_experts_per_tok={m.num_experts_per_tok}: the ZAYA1 router supports top-1 only; set it to 1",
     )
     _choice("model", "skip_output", m.skip_output, choices.SKIP_OUTPUTS)
+    _check(
+        m.dispatch not in ("grouped", "ragged"),
+        f"model.dispatch={m.dispatch!r} is now model.dispatch=dropless with model.kernels.grouped_gemm="
+        f"{'loops' if m.dispatch == 'grouped' else 'ragged_dot'}",
+    )
     _choice("model", "dispatch", m.dispatch, choices.DISPATCHES)
+    validate_kernels(m)
     _check(m.capacity_factor > 0, f"model.capacity_factor={m.capacity_factor} must be > 0")
     _check(
         m.dtype in choices.DTYPES and m.param_dtype in choices.DTYPES,
@@ -61,6 +67,23 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
     _check(
         m.rope_theta > 0 and m.rms_norm_eps > 0 and m.qk_norm_eps > 0,
         "model.rope_theta, model.rms_norm_eps and model.qk_norm_eps must be > 0",
+    )
+
+
+def validate_kernels(m: ml_collections.ConfigDict) -> None:
+    """`model.kernels`: known names, and the combinations a kernel cannot run (docs/kernels.md)."""
+    k = m.kernels
+    for name, names in (
+        ("platform", choices.KERNEL_PLATFORMS),
+        ("matmul", choices.MATMUL_KERNELS),
+        ("grouped_gemm", choices.GROUPED_GEMM_KERNELS),
+        ("attention", choices.ATTENTION_KERNELS),
+    ):
+        _choice("model.kernels", name, k[name], names)
+    _check(
+        k.attention != "cudnn" or (m.dtype == "bfloat16" and k.platform in ("auto", "cuda")),
+        f"model.kernels.attention=cudnn needs model.dtype=bfloat16 on CUDA (now dtype={m.dtype!r}, "
+        f"platform={k.platform!r}); use model.kernels.attention=auto or xla",
     )
 
 

@@ -106,7 +106,7 @@ def config_from_hf(
 ) -> ml_collections.ConfigDict:
     """Model config section from an HF `ZayaConfig` dict (the content of config.json).
 
-    `skip_output` defaults to "zero" (HF-native semantics, §7); `dispatch` is set to the dropless "ragged"
+    `skip_output` defaults to "zero" (HF-native semantics, §7); `dispatch` is set to "dropless"
     so a loaded model reproduces the reference exactly; `qk_norm_eps` keeps the project default 2⁻⁷ (the
     floor HF applies in bf16; HF in fp32 uses float32 eps — they differ only for ‖q‖ or ‖k‖ < 2⁻⁷, §9).
     `overrides` (project field names) are applied last. Raises `HFConversionError` naming the field.
@@ -127,7 +127,7 @@ def config_from_hf(
     _check_supported(hf, m.num_layers, source)
     m.rope_theta, m.partial_rotary_factor = _rope_settings(hf, source)
     m.skip_output = skip_output
-    m.dispatch = "ragged"
+    m.dispatch = "dropless"
     for name, value in (overrides or {}).items():
         if name not in m:
             raise _fail(name, "unknown model config field in overrides", "overrides")

@@ -34,7 +34,7 @@ from zaya_jax.model import abstract_model, layers
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.zaya import DecoderLayer, Zaya
 
-DROPLESS = ("ragged", "dense")
+DROPLESS = ("dropless", "dense")
 
 
 class DecodeCache(NamedTuple):
@@ -77,11 +77,11 @@ def dropless(model: Zaya, dispatch: str | None = None) -> Zaya:
     """The same weights with a dropless MoE dispatch (§7), so that results do not depend on which other
     tokens (padding, other rows) share the batch. Returns `model` itself if it is already dropless.
 
-    dispatch: "ragged" | "dense" | None (= keep a dropless one, else "ragged").
+    dispatch: "dropless" | "dense" | None (= keep a dropless one, else "dropless").
     """
     current = model.cfg.dispatch
     if dispatch is None:
-        dispatch = current if current in DROPLESS else "ragged"
+        dispatch = current if current in DROPLESS else "dropless"
     if dispatch not in DROPLESS:
         raise ValueError(f"dispatch={dispatch!r} is not dropless; choose one of {DROPLESS}")
     if dispatch == current:

@@ -160,6 +160,15 @@ def _generate(
     return jax.lax.while_loop(cond, body, carry)[3]
 
 
+def trace_generate(graphdef, state, prompt_ids, max_new_tokens: int):
+    """The jitted generation program of `generate` traced on (possibly abstract) model `state` and prompt ids
+    [B, P], greedy with no stop token: `.lower(lowering_platforms=...)` builds it for another platform."""
+    b = prompt_ids.shape[0]
+    scalars = (jnp.float32(0.0), jnp.int32(0), jnp.float32(1.0), jnp.int32(-1), jnp.int32(0))  # T, top-k/p, eos, fill
+    start, key = jnp.zeros((b,), jnp.int32), jax.random.PRNGKey(0)
+    return _generate.trace(graphdef, state, prompt_ids, start, key, *scalars, max_new_tokens=max_new_tokens)
+
+
 def generate(
     model: Zaya,
     prompt_ids,

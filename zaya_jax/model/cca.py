@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax import kernels as kernel_choice
+from zaya_jax.kernels import Kernels
 from zaya_jax.model import layers
 
 
@@ -22,13 +24,15 @@ def conv_halo_len(k0: int, k1: int) -> int:
     return (k0 - 1) + (k1 - 1)
 
 
-def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array, b2: jax.Array) -> jax.Array:
+def causal_convs(
+    c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Array, b2: jax.Array, kernels: Kernels
+) -> jax.Array:
     """The two *valid* convolutions of §5c on an already left-padded packed input.
 
     c_padded: [B, S + halo, C] (halo = zeros for a sequence start, or the previous raw q‖k vectors);
     w1: [k0, C] depthwise taps (tap 0 = oldest); b1: [C]; w2: [k1, G_c, d, d] grouped taps, G_c = C / d;
-    b2: [C]. Returns z: [B, S, C] fp32 (the grouped conv accumulates in fp32). Padding once (not per conv)
-    keeps y_{-1} = b1, as the reference does.
+    b2: [C]; kernels: the grouped conv's einsum. Returns z: [B, S, C] fp32 (the grouped conv accumulates in
+    fp32). Padding once (not per conv) keeps y_{-1} = b1, as the reference does.
     """
     k0, k1 = w1.shape[0], w2.shape[0]
     n_groups, d = w2.shape[1], w2.shape[2]
@@ -41,7 +45,7 @@ def causal_convs(c_padded: jax.Array, w1: jax.Array, b1: jax.Array, w2: jax.Arra
     seq = len_y - k1 + 1
     b = y.shape[0]
     y = y.reshape(b, -1, n_groups, d).transpose(2, 0, 1, 3)  # [G_c, B, S + k1 - 1, d]: groups lead (batch dim)
-    z = sum(layers.einsum("gbti,gio->gbto", y[:, :, tau : tau + seq], w2[tau], dt) for tau in range(k1))
+    z = sum(kernels.einsum("gbti,gio->gbto", y[:, :, tau : tau + seq], w2[tau], dt) for tau in range(k1))
     return z.transpose(1, 2, 0, 3).reshape(b, seq, n_groups * d) + layers.lead(b2.astype(jnp.float32), 3)
 
 
@@ -50,60 +54,6 @@ def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
     x32 = x.astype(jnp.float32)
     norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
     return x32 * (scale / jnp.maximum(norm, eps))
-
-
-MAX_ATTENTION_BLOCKS = 16  # each block is its own ops in the program: longer sequences get longer blocks
-
-
-def attention_chunks(seq_len: int, chunk: int) -> int:
-    """Equal query blocks `causal_attention` splits a length-`seq_len` sequence into (1 = the whole square):
-    the most, up to seq_len // chunk and MAX_ATTENTION_BLOCKS, that divide seq_len."""
-    if not 0 < chunk < seq_len:
-        return 1
-    n = min(seq_len // chunk, MAX_ATTENTION_BLOCKS)
-    while seq_len % n:
-        n -= 1
-    return n
-
-
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array) -> jax.Array:
-    """Masked softmax attention of all of `q` against all of `k`/`v` (shapes as in `causal_attention`)."""
-    b, sq, n_q, d = q.shape
-    n_kv = k.shape[2]
-    qg = q.reshape(b, sq, n_kv, n_q // n_kv, d)
-    logits = layers.einsum("bqkgd,bskd->bkgqs", qg, k, dtype) / math.sqrt(d)
-    q_pos = q_offset + jnp.arange(sq)[:, None]
-    mask = jnp.arange(k.shape[1])[None, :] <= q_pos
-    logits = jnp.where(mask, logits, -jnp.inf)
-    probs = jax.nn.softmax(logits, axis=-1)
-    out = layers.einsum("bkgqs,bskd->bqkgd", probs, v, dtype)
-    return out.reshape(b, sq, n_q, d).astype(dtype)
-
-
-def causal_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, dtype, q_offset: int | jax.Array = 0, chunk: int = 0
-) -> jax.Array:
-    """Grouped-query causal softmax attention (§5h): QKᵀ and PV take `dtype` operands and accumulate in fp32;
-    logits and softmax are fp32.
-
-    q: [B, Sq, n_q, d] fp32, k: [B, Sk, n_kv, d] fp32, v: [B, Sk, n_kv, d]; query i sits at absolute
-    position q_offset + i and key j at position j. Returns [B, Sq, n_q, d] in `dtype`.
-
-    chunk > 0 (`model.attention_chunk`) splits the queries into `attention_chunks(Sq, chunk)` equal blocks, each
-    attending only to the keys up to its own end: the S×S logits never exist at once and the fully masked
-    blocks above the diagonal are not computed — (n + 1) / 2n of the square's FLOPs for n blocks instead of
-    all of it. Each row's softmax still sees every key it may attend to, so the result is the same up to
-    rounding. Needs a static `q_offset` (the context-parallel path, whose offset is traced, uses the square).
-    """
-    n = attention_chunks(q.shape[1], chunk) if isinstance(q_offset, int) else 1
-    if n == 1:
-        return _attend(q, k, v, dtype, q_offset)
-    c = q.shape[1] // n
-    blocks = []
-    for i in range(n):
-        end = min(k.shape[1], q_offset + (i + 1) * c)
-        blocks.append(_attend(q[:, i * c : (i + 1) * c], k[:, :end], v[:, :end], dtype, q_offset + i * c))
-    return jnp.concatenate(blocks, axis=1)
 
 
 class CCA(nnx.Module):
@@ -115,6 +65,7 @@ class CCA(nnx.Module):
         h, d, nq, nkv = m.hidden_size, m.head_dim, m.num_q_heads, m.num_kv_heads
         c = (nq + nkv) * d
         self.cfg = m
+        self.kernels = kernel_choice.resolve(m)
         self.wq = layers.normal_param(rngs, (h, nq * d), std, pd, ("embed", "q_heads"))
         self.wk = layers.normal_param(rngs, (h, nkv * d), std, pd, ("embed", "kv_heads"))
         self.wv_cur = layers.normal_param(rngs, (h, nkv * d // 2), std, pd, ("embed", "kv_half"))
@@ -131,7 +82,8 @@ class CCA(nnx.Module):
     def packed_qk(self, x: jax.Array) -> jax.Array:
         """Raw packed latent q‖k (§5a, c): x [B, S, H] → c [B, S, C] in the compute dtype (the conv input)."""
         dt = layers.dtype_of(self.cfg.dtype)
-        return jnp.concatenate([layers.mm(x, self.wq[...], dt), layers.mm(x, self.wk[...], dt)], axis=-1).astype(dt)
+        mm = self.kernels.linear
+        return jnp.concatenate([mm(x, self.wq[...], dt), mm(x, self.wk[...], dt)], axis=-1).astype(dt)
 
     def project(self, x: jax.Array, qk_halo: jax.Array | None = None, x_prev: jax.Array | None = None):
         """q, k, v of §5a–e for normed input x: [B, S, H].
@@ -160,13 +112,15 @@ class CCA(nnx.Module):
             p(self.conv1_b),
             p(self.conv2_w),
             p(self.conv2_b),
+            self.kernels,
         )
         q = z[..., : nq * d].reshape(b, s, nq, d) + qm
         k = z[..., nq * d :].reshape(b, s, nkv, d) + km
         if x_prev is None:
             x_prev = jnp.zeros((b, 1, x.shape[-1]), x.dtype)
         x_shift = jnp.concatenate([x_prev.astype(x.dtype), x[:, :-1]], axis=1)
-        v = jnp.concatenate([layers.mm(x, self.wv_cur[...], dt), layers.mm(x_shift, self.wv_del[...], dt)], axis=-1)
+        mm = self.kernels.linear
+        v = jnp.concatenate([mm(x, self.wv_cur[...], dt), mm(x_shift, self.wv_del[...], dt)], axis=-1)
         v = v.astype(dt).reshape(b, s, nkv, d)
         return q, k, v, c
 
@@ -181,7 +135,7 @@ class CCA(nnx.Module):
 
     def output(self, o: jax.Array) -> jax.Array:
         """o: [B, S, n_q, d] → [B, S, H] fp32 through W_o (§5i; fp32 accumulation feeds the fp32 residual)."""
-        return layers.mm(o.reshape(*o.shape[:2], -1), self.wo[...], layers.dtype_of(self.cfg.dtype))
+        return self.kernels.linear(o.reshape(*o.shape[:2], -1), self.wo[...], layers.dtype_of(self.cfg.dtype))
 
     def __call__(self, x: jax.Array, positions: jax.Array) -> jax.Array:
         """Full-sequence causal CCA. x: [B, S, H] normed input, positions: [B|1, S] → [B, S, H]."""
@@ -189,4 +143,4 @@ class CCA(nnx.Module):
         q, k, v, _ = self.project(x)
         q, k = self.normalize_and_rotate(q, k, positions)
         dt = layers.dtype_of(self.cfg.dtype)
-        return self.output(causal_attention(q, k, v, dt, chunk=int(self.cfg.attention_chunk)))
+        return self.output(self.kernels.causal_attention(q, k, v, dt, chunk=int(self.cfg.attention_chunk)))

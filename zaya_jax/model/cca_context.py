@@ -36,7 +36,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from zaya_jax.config import CONTEXT_CHUNKS, CONTEXT_LAYOUTS
-from zaya_jax.model.cca import CCA, causal_attention, conv_halo_len
+from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, in_manual_region
 
@@ -234,7 +234,7 @@ def _local_cca(state, x: jax.Array, positions: jax.Array, *, graphdef, layout: s
     q, k = attn.normalize_and_rotate(q, k, positions)
     k_all, v_all = _gather_chunks(k, layout, per), _gather_chunks(v, layout, per)
     if layout == "contiguous":
-        o = causal_attention(q, k_all, v_all, dt, q_offset=idx * s_local)
+        o = attn.kernels.causal_attention(q, k_all, v_all, dt, q_offset=idx * s_local)
     else:
         o = zigzag_attention(q, k_all, v_all, dt, idx, n)
     return attn.output(o)

@@ -26,7 +26,7 @@ from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, active_mesh, in_manual_region
 
 
-def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float) -> DispatchResult:
+def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float, kernels) -> DispatchResult:
     """Per-device body (inside a `shard_map` whose `expert` axis is manual). x: [T_l, H], choice/gate: [T_l],
     w_in: [E_l, H, 2I], w_out: [E_l, I, H] → (g · expert(x) [T_l, H] fp32, this device's dropped count)."""
     n_ep = jax.lax.axis_size("expert")
@@ -36,18 +36,19 @@ def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor:
     send = pack_slots(x, slots, num_experts * cap).reshape(n_ep, e_local * cap, h)
     recv = jax.lax.all_to_all(send, "expert", 0, 0, tiled=True)  # [n_ep (source), E_l·C, H]
     local_in = recv.reshape(n_ep, e_local, cap, h).transpose(1, 0, 2, 3).reshape(e_local, n_ep * cap, h)
-    local_out = swiglu(local_in, w_in, w_out).astype(x.dtype)  # the return trip in the compute dtype
+    local_out = swiglu(local_in, w_in, w_out, kernels).astype(x.dtype)  # the return trip in the compute dtype
     back = local_out.reshape(e_local, n_ep, cap, h).transpose(1, 0, 2, 3).reshape(n_ep, e_local * cap, h)
     ret = jax.lax.all_to_all(back, "expert", 0, 0, tiled=True).reshape(num_experts * cap, h)  # expert order
     return DispatchResult(gated(unpack_slots(ret, slots), choice, gate, num_experts), slots.dropped)
 
 
-def ep_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
+def ep_dispatch(x, choice, gate, experts, cfg, kernels) -> DispatchResult:
     """EP dispatch with the `Dispatch` signature of `zaya_jax.model.experts`. Inside a manual `shard_map` (the ZeRO-1
     step) it is the per-device body (local tokens, local experts, local dropped count); otherwise it needs an
     active mesh (`jax.set_mesh`) with axes data/context/expert and wraps the body in a `shard_map` (dropped
     summed over all devices). x: [T, H] → DispatchResult(out [T, H] fp32, dropped [])."""
-    body = partial(ep_local, num_experts=cfg.num_experts, capacity_factor=cfg.capacity_factor)
+    body = partial(ep_local, num_experts=cfg.num_experts, capacity_factor=cfg.capacity_factor, kernels=kernels)
+    w_in, w_out = experts.of_layer()
     if in_manual_region():
         return body(x, choice, gate, w_in, w_out)
     mesh = active_mesh()

@@ -13,7 +13,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from zaya_jax.model import layers
+from zaya_jax.kernels import Kernels
 
 
 class DispatchResult(NamedTuple):
@@ -21,19 +21,20 @@ class DispatchResult(NamedTuple):
     dropped: jax.Array  # [] int32 number of expert tokens dropped by a capacity limit
 
 
-# (x [T, H], choice [T] int32 in [0, E], gate [T] fp32, w_in [E, H, 2I], w_out [E, I, H], cfg) -> DispatchResult
+# (x [T, H], choice [T] int32 in [0, E], gate [T] fp32, experts: kernels.ExpertWeights, cfg, kernels: Kernels)
+#   -> DispatchResult
 Dispatch = Callable[..., DispatchResult]
 
 
-def swiglu(x: jax.Array, w_in: jax.Array, w_out: jax.Array) -> jax.Array:
+def swiglu(x: jax.Array, w_in: jax.Array, w_out: jax.Array, kernels: Kernels) -> jax.Array:
     """Batched expert MLP, operands in x's dtype, fp32 accumulation.
 
     x: [E, C, H], w_in: [E, H, 2I] (gate | up), w_out: [E, I, H] → [E, C, H] fp32.
     """
     dt = x.dtype
-    gate_up = layers.einsum("ech,ehf->ecf", x, w_in, dt)
+    gate_up = kernels.einsum("ech,ehf->ecf", x, w_in, dt)
     gate, up = jnp.split(gate_up, 2, axis=-1)
-    return layers.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out, dt)
+    return kernels.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out, dt)
 
 
 def gated(y: jax.Array, choice: jax.Array, gate: jax.Array, num_experts: int) -> jax.Array:

@@ -1,19 +1,14 @@
 """Small shared pieces: dtypes, initialisers, RMSNorm (§4), partial RoPE (§5g) and residual scaling (§3).
 
-Section numbers (§) refer to docs/architecture.md.
+Section numbers (§) refer to docs/architecture.md. Matmuls, expert GEMMs and attention are kernels
+(`zaya_jax.kernels`), chosen per platform; nothing here depends on the platform.
 """
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
-from jax.experimental.layout import Layout, with_layout_constraint
-
-from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 
 
 class BalancingBias(nnx.Variable):
@@ -46,162 +41,6 @@ def normal_param(rngs: nnx.Rngs, shape: tuple[int, ...], std: float, dtype, axes
 
 def const_param(shape: tuple[int, ...], value: float, dtype, axes: tuple[str, ...]) -> nnx.Param:
     return param(jnp.full(shape, value, dtype=dtype), axes)
-
-
-MATMUL, BATCHED_MATMUL = "matmul", "batched_matmul"  # `checkpoint_name`s of einsum outputs (remat policies)
-
-
-def einsum(spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
-    """`jnp.einsum(spec, a, b)` as the hardware's mixed-precision GEMM: operands in the compute `dtype`, fp32
-    accumulation and result (§9). The backward GEMMs are mixed-precision too (the fp32 cotangent is cast to
-    `dtype`); plain autodiff would upcast the saved operands and run them in fp32. The output is named
-    `MATMUL` (or `BATCHED_MATMUL` when an index appears in both operands and the output) so remat policies
-    can save it."""
-    inputs, out = spec.split("->")
-    sa, sb = inputs.split(",")
-    batched = bool(set(sa) & set(sb) & set(out) - set("."))
-    y = _mixed_einsum(spec, a.astype(dtype), b.astype(dtype))
-    return checkpoint_name(y, BATCHED_MATMUL if batched else MATMUL)
-
-
-TOKEN_MATMUL = "tk,kn->tn"
-
-
-def weight_grad(a: jax.Array, g: jax.Array) -> jax.Array:
-    """Σ_t a[t]ᵀ g[t]: a [..., K], g [..., N] (same dtype) → [K, N] fp32, the weight gradient of `a @ w`.
-
-    One contraction over the token axis (no copy: fp32 runs best so on XLA:CPU, benchmarks/README.md, "Flat token
-    axis"; bf16 on XLA:CPU reads aᵀ from a forward-layout copy, `gemm_layout_einsum`). Several leading axes (see
-    `flat_tokens_are_local`) contract as they are."""
-    if a.ndim > 2:
-        return jnp.einsum("...k,...n->kn", a, g, preferred_element_type=jnp.float32)
-    return _einsum_f32("tk,tn->kn", a, g)
-
-
-def as_bits(x: jax.Array) -> jax.Array:
-    """bf16 on XLA:CPU as its uint16 bit pattern (anything else unchanged), for a buffer written or stacked
-    piecewise: XLA:CPU performs a bf16 dynamic-update-slice in fp32 on a converted copy of the whole buffer
-    (the layer scan's stacked residuals: an fp32 copy of every layer's, converted back slice by slice in the
-    backward loop); on integer bits the updates stay in place. `from_bits` undoes it."""
-    return jax.lax.bitcast_convert_type(x, jnp.uint16) if _bf16_on_cpu(x) else x
-
-
-def from_bits(x: jax.Array) -> jax.Array:
-    return jax.lax.bitcast_convert_type(x, jnp.bfloat16) if x.dtype == jnp.uint16 else x
-
-
-def _bf16_on_cpu(x: jax.Array) -> bool:
-    return x.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
-
-
-def mm(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-    """`x @ w` as `einsum`: x [..., K], w [K, N] → [..., N] fp32. Callers cast when they need `dtype`.
-
-    Where that is a local reshape (`flat_tokens_are_local`) the leading axes are merged into one token axis
-    first, so the weight gradient `xᵀ·g` contracts a single axis: with several contracting axes XLA:CPU first
-    copies x into a transposed layout (≈ 19% of the 100M CPU step, benchmarks/README.md)."""
-    if x.ndim == 2 or not flat_tokens_are_local():
-        return einsum("...k,kn->...n", x, w, dtype)
-    y = einsum(TOKEN_MATMUL, x.reshape(-1, x.shape[-1]), w, dtype)
-    return y.reshape(*x.shape[:-1], w.shape[-1])
-
-
-def flat_tokens_are_local() -> bool:
-    """Whether merging the [batch, seq] axes of an activation into one token axis is a local reshape: without a
-    mesh, inside the manual ZeRO-1 step, or under a GSPMD mesh whose sequence is not split (context axis 1).
-    With the sequence split over `context`, GSPMD would gather whole sequences to merge the axes."""
-    mesh = active_mesh()
-    return mesh is None or in_manual_region() or mesh.shape["context"] == 1
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _mixed_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    return _einsum_f32(spec, a, b)
-
-
-def _einsum_f32(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """`jnp.einsum(spec, a, b)` with fp32 accumulation and result; bf16 on XLA:CPU as a GEMM in the forward
-    layout (`gemm_layout_einsum`), so it runs on the fast bf16 path instead of being upcast."""
-    if _bf16_on_cpu(a) and "." not in spec:
-        return gemm_layout_einsum(spec, a, b)
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32)
-
-
-def gemm_layout_einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    """`einsum(spec, a, b)` (no ellipsis) as one batched GEMM [batch, M, K] · [batch, K, N] on row-major
-    operand copies, the only layout XLA:CPU's bf16 GEMM takes (`transposed`); fp32 result in `spec`'s order.
-
-    Batch indices (in a, b and the output) and free indices keep the output's order, so for the attention and
-    CCA-conv einsums only operands are permuted (a copy each where their order differs), never the result
-    of those einsums' forward passes."""
-    inputs, out = spec.split("->")
-    sa, sb = inputs.split(",")
-    batch = "".join(c for c in out if c in sa and c in sb)
-    free_a = "".join(c for c in out if c in sa and c not in sb)
-    free_b = "".join(c for c in out if c in sb and c not in sa)
-    contract = "".join(c for c in sa if c in sb and c not in out)
-    la, lb, lo = batch + free_a + contract, batch + contract + free_b, batch + free_a + free_b
-    y = jnp.einsum(f"{la},{lb}->{lo}", _permuted(a, sa, la), _permuted(b, sb, lb), preferred_element_type=jnp.float32)
-    return y if lo == out else jnp.transpose(y, [lo.index(c) for c in out])
-
-
-def _permuted(x: jax.Array, src: str, dst: str) -> jax.Array:
-    """x with axes `src` reordered to `dst` as a row-major copy (`permuted_copy`); x itself when in order."""
-    return x if src == dst else permuted_copy(x, [src.index(c) for c in dst])
-
-
-def _mixed_einsum_fwd(spec, a, b):
-    return _mixed_einsum(spec, a, b), (as_bits(a), as_bits(b))
-
-
-def _mixed_einsum_bwd(spec, res, g):
-    """da = g·b over the indices of a, db = a·g over those of b (every index of one operand appears in the other
-    or in the output: no reduction over an operand-only index, true of every einsum in this model)."""
-    a, b = (from_bits(r) for r in res)
-    inputs, out = spec.split("->")
-    sa, sb = inputs.split(",")
-    g = g.astype(a.dtype)
-    da, db = _einsum_f32(f"{out},{sb}->{sa}", g, b), _einsum_f32(f"{sa},{out}->{sb}", a, g)
-    return _like(da.astype(a.dtype), a), _like(db.astype(b.dtype), b)
-
-
-def transposed(x: jax.Array) -> jax.Array:
-    """xᵀ (the last two axes swapped) as a row-major copy, for an operand a GEMM must read in the forward layout.
-
-    XLA:CPU runs a bf16 GEMM on its fast path (AMX/AVX-512 bf16) only when the lhs contracts its minor axis and
-    the rhs its major axis; a transposed operand (`g·Wᵀ`, `xᵀ·g`) is otherwise upcast and runs at the fp32
-    rate (benchmarks/README.md, "bf16 GEMM layouts"). Pinning both x and xᵀ to row-major layouts makes XLA
-    materialise x (a cheap copy out of the layer scan's stacked residuals) and then transpose it with its fast
-    transpose emitter, instead of folding the transpose into the GEMM or into the scan's dynamic slice."""
-    return permuted_copy(x, [*range(x.ndim - 2), x.ndim - 1, x.ndim - 2])
-
-
-def permuted_copy(x: jax.Array, perm: list[int]) -> jax.Array:
-    """`jnp.transpose(x, perm)` materialised as a row-major array from a row-major x (see `transposed`)."""
-    return row_major(jnp.transpose(row_major(x), perm))
-
-
-def row_major(x: jax.Array) -> jax.Array:
-    return with_layout_constraint(x, Layout(major_to_minor=tuple(range(x.ndim))))
-
-
-def _like(cotangent: jax.Array, primal: jax.Array) -> jax.Array:
-    """Inside a `shard_map` that checks replication, sum a cotangent over the mesh axes along which it varies but
-    its primal does not (what autodiff does for a replicated operand: its gradient is the sum over devices)."""
-    extra = tuple(sorted(_varying_axes(cotangent) - _varying_axes(primal)))
-    return jax.lax.psum(cotangent, extra) if extra else cotangent
-
-
-def _varying_axes(x: jax.Array) -> frozenset:
-    """Mesh axes along which `x` may differ between devices (`vma` in newer jax, `manual_axis_type` in 0.10)."""
-    aval = jax.typeof(x)
-    if hasattr(aval, "vma"):
-        return frozenset(aval.vma)
-    mat = getattr(aval, "manual_axis_type", None)
-    return frozenset(mat.varying) if mat is not None else frozenset()
-
-
-_mixed_einsum.defvjp(_mixed_einsum_fwd, _mixed_einsum_bwd)
 
 
 def lead(w: jax.Array, ndim: int) -> jax.Array:

@@ -6,15 +6,13 @@ The skip-slot output (`scaled_input` → g·x, `zero` → 0) is added by `MoE` i
 for every dispatch.
 
 * `dense`: reference, runs every expert on every token (E× the FLOPs; tests only).
-* `ragged`: dropless, per device: sort by expert + `jax.lax.ragged_dot` (grouped GEMM on GPU; a dense masked
-  dot on CPU).
-* `grouped`: dropless, per device: sort by expert + per-expert loops of chunked GEMMs (`zaya_jax.model.grouped`):
-  ≈ the active FLOPs on CPU, exact.
+* `dropless`: per device, every token to its expert: the grouped expert GEMMs of `model.kernels.grouped_gemm`
+  (`zaya_jax.kernels.grouped`: per-expert loops on CPU, `ragged_dot` on GPUs), exact.
 * `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (drops overflow, counted).
 * `ep`: expert parallelism over the `expert` mesh axis with a fixed-capacity `all_to_all`
   (`zaya_jax.model.expert_parallel`; drops overflow, counted).
-* `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise dropless per device:
-  `grouped` on CPU, `ragged` on accelerators. It never drops a token unless the layout splits experts.
+* `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise `dropless`. It never drops a
+  token unless the layout splits experts.
 
 Every matmul takes compute-dtype operands and accumulates in fp32; dispatch outputs are fp32 (they feed
 the fp32 residual stream, §9).
@@ -22,14 +20,16 @@ the fp32 residual stream, §9).
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax import kernels as kernel_choice
 from zaya_jax.config import CONCRETE_DISPATCHES, choice_table
+from zaya_jax.kernels import ExpertWeights, Kernels
 from zaya_jax.model import layers
 from zaya_jax.model.expert_parallel import ep_dispatch
 from zaya_jax.model.experts import (
@@ -42,45 +42,28 @@ from zaya_jax.model.experts import (
     swiglu,
     unpack_slots,
 )
-from zaya_jax.model.grouped import grouped_local
 from zaya_jax.model.router import Router
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
 
 
-def dense_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
+def dense_dispatch(x, choice, gate, experts: ExpertWeights, cfg, kernels: Kernels) -> DispatchResult:
     """Reference: all experts on all tokens, then each token takes its expert's row."""
+    w_in, w_out = experts.of_layer()
     num_experts = w_in.shape[0]
-    outs = swiglu(jnp.broadcast_to(x, (num_experts, *x.shape)), w_in, w_out)  # [E, T, H]
+    outs = swiglu(jnp.broadcast_to(x, (num_experts, *x.shape)), w_in, w_out, kernels)  # [E, T, H]
     mine = jnp.take_along_axis(outs, jnp.minimum(choice, num_experts - 1)[None, :, None], axis=0)[0]
     return DispatchResult(gated(mine, choice, gate, num_experts), jnp.zeros((), jnp.int32))
 
 
-def ragged_local(x, choice, gate, w_in, w_out) -> jax.Array:
-    """Dropless on one device: stable sort by expert (skip tokens last), grouped GEMMs (`ragged_dot`), unsort.
-
-    x [T, H], choice/gate [T], w_in [E, H, 2I], w_out [E, I, H] → g · expert(x) [T, H] fp32.
-    """
-    num_experts, dt = w_in.shape[0], x.dtype
-    order = jnp.argsort(choice, stable=True)
-    sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
-    gate_up = jax.lax.ragged_dot(x[order], w_in.astype(dt), sizes, preferred_element_type=jnp.float32)
-    g_, up = jnp.split(gate_up, 2, axis=-1)
-    ys = jax.lax.ragged_dot(
-        (jax.nn.silu(g_) * up).astype(dt), w_out.astype(dt), sizes, preferred_element_type=jnp.float32
-    )
-    valid = jnp.arange(x.shape[0]) < jnp.sum(sizes)  # rows past the groups (skip tokens) are unspecified
-    ys = jnp.where(valid[:, None], ys, 0.0)
-    return gated(jnp.zeros_like(ys).at[order].set(ys), choice, gate, num_experts)
-
-
-def capacity_dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
+def capacity_dispatch(x, choice, gate, experts: ExpertWeights, cfg, kernels: Kernels) -> DispatchResult:
     """Fixed-capacity buffers: token t goes to slot (e*, pos) if pos < C; overflow is dropped."""
+    w_in, w_out = experts.of_layer()
     num_experts, (t, h) = w_in.shape[0], x.shape
     cap = capacity(t, num_experts, cfg.capacity_factor)
     slots = capacity_slots(choice, num_experts, cap)
     buf = pack_slots(x, slots, num_experts * cap).reshape(num_experts, cap, h)
-    y = swiglu(buf, w_in, w_out).reshape(num_experts * cap, h)
+    y = swiglu(buf, w_in, w_out, kernels).reshape(num_experts * cap, h)
     return DispatchResult(gated(unpack_slots(y, slots), choice, gate, num_experts), slots.dropped)
 
 
@@ -91,60 +74,46 @@ def runs_unsharded() -> bool:
     return mesh is None or mesh.size == 1 or in_manual_region()
 
 
-def per_device(local_fn: Callable[..., jax.Array]) -> Dispatch:
-    """A dropless dispatch from a per-device body `local_fn(x, choice, gate, w_in, w_out) -> out [T, H]`.
-
-    Each device sorts and computes its own tokens with the full (replicated) expert weights: called
-    directly without a mesh, on one device, or inside a manual `shard_map` (the ZeRO-1 step); under a
-    GSPMD mesh wrapped in a `shard_map` over the token axes.
-    """
-
-    def dispatch(x, choice, gate, w_in, w_out, cfg) -> DispatchResult:
-        if runs_unsharded():  # 1 device: no shard_map (its transpose would add an all-reduce)
-            out = local_fn(x, choice, gate, w_in, w_out)
-        else:  # weights enter replicated: cast first, so a gather of sharded (FSDP) weights moves the compute dtype
-            tokens, none = sharding.token_spec(), jax.sharding.PartitionSpec()
-            w_in, w_out = w_in.astype(x.dtype), w_out.astype(x.dtype)
-            in_specs = (tokens, tokens, tokens, none, none)
-            out = jax.shard_map(local_fn, mesh=active_mesh(), in_specs=in_specs, out_specs=tokens, check_vma=False)(
-                x, choice, gate, w_in, w_out
-            )
-        return DispatchResult(out, jnp.zeros((), jnp.int32))
-
-    return dispatch
-
-
-ragged_dispatch = per_device(ragged_local)
-grouped_dispatch = per_device(grouped_local)
+def dropless_dispatch(x, choice, gate, experts: ExpertWeights, cfg, kernels: Kernels) -> DispatchResult:
+    """Every token to its expert, per device: `kernels.grouped_swiglu` on this device's tokens with the full
+    (replicated) expert weights. Called directly without a mesh, on one device, or inside a manual `shard_map`
+    (the ZeRO-1 step); under a GSPMD mesh wrapped in a `shard_map` over the token axes."""
+    if runs_unsharded():  # 1 device: no shard_map (its transpose would add an all-reduce)
+        out = kernels.grouped_swiglu(x, choice, gate, experts)
+    else:  # weights enter replicated: cast first, so a gather of sharded (FSDP) weights moves the compute dtype
+        tokens, none = sharding.token_spec(), jax.sharding.PartitionSpec()
+        w_in, w_out = (w.astype(x.dtype) for w in experts.of_layer())
+        local = lambda x, c, g, wi, wo: kernels.grouped_swiglu(x, c, g, ExpertWeights(wi, wo))  # noqa: E731
+        in_specs = (tokens, tokens, tokens, none, none)
+        out = jax.shard_map(local, mesh=active_mesh(), in_specs=in_specs, out_specs=tokens, check_vma=False)(
+            x, choice, gate, w_in, w_out
+        )
+    return DispatchResult(out, jnp.zeros((), jnp.int32))
 
 
 def resolve_dispatch(name: str) -> str:
     """The concrete dispatch for `name` at trace time. `auto` never drops tokens unless the layout needs
     capacity: expert parallelism (`ep`, capacity-based all-to-all) only when the active mesh has an expert
-    axis > 1; otherwise every device runs its own tokens dropless — `grouped` loops on CPU (XLA:CPU lowers
-    `ragged_dot` to a dense masked dot), `ragged_dot` grouped GEMMs on accelerators."""
+    axis > 1; otherwise every device runs its own tokens `dropless`."""
     if name != "auto":
         return name
     mesh = active_mesh()
-    if mesh is not None and mesh.shape["expert"] > 1:
-        return "ep"
-    return "grouped" if jax.default_backend() == "cpu" else "ragged"
+    return "ep" if mesh is not None and mesh.shape["expert"] > 1 else "dropless"
 
 
 DISPATCH_TABLE = choice_table(
     CONCRETE_DISPATCHES,
     {
         "dense": dense_dispatch,
-        "ragged": ragged_dispatch,
+        "dropless": dropless_dispatch,
         "capacity": capacity_dispatch,
-        "grouped": grouped_dispatch,
         "ep": ep_dispatch,
     },
 )
 
 
 def get_dispatch(name: str) -> Dispatch:
-    """The dispatch function for `model.dispatch` (`auto` resolved for the active mesh and backend)."""
+    """The dispatch function for `model.dispatch` (`auto` resolved for the active mesh)."""
     return DISPATCH_TABLE[resolve_dispatch(name)]
 
 
@@ -163,33 +132,34 @@ class MoE(nnx.Module):
         pd, std = layers.dtype_of(m.param_dtype), m.initializer_range
         e, h, i = m.num_experts, m.hidden_size, m.moe_intermediate_size
         self.cfg = m
+        self.kernels = kernel_choice.resolve(m)
         self.router = Router(m, rngs=rngs)
         self.w_in = layers.normal_param(rngs, (e, h, 2 * i), std, pd, ("experts", "embed", "mlp_gate_up"))
         self.w_out = layers.normal_param(rngs, (e, i, h), std, pd, ("experts", "mlp", "embed"))
 
     def takes_whole_stacks(self) -> bool:
         """Whether the layer scan may give this MoE its expert weights unsliced — the decoder's [L, E, ...] stacks
-        plus the layer index — rather than its layer's [E, ...] slice: for the `grouped` dispatch run directly
-        (CPU), where slicing one expert out of the stack is one copy instead of two and the weight gradient
-        becomes an in-place update of the scan's accumulator (`zaya_jax.model.grouped.grouped_swiglu`)."""
-        return resolve_dispatch(self.cfg.dispatch) == "grouped" and runs_unsharded()
+        plus the layer index (`kernels.ExpertWeights`) — rather than its layer's [E, ...] slice: when its tokens
+        run `dropless` directly on a kernel that reads the stacks (`Kernels.takes_expert_stacks`: each expert's
+        matrix is then one copy instead of two, and its weight gradient an in-place update of the scan's
+        accumulator)."""
+        dropless = resolve_dispatch(self.cfg.dispatch) == "dropless"
+        return dropless and runs_unsharded() and self.kernels.takes_expert_stacks()
 
     def __call__(self, x: jax.Array, state_prev: jax.Array, layer: jax.Array | None = None):
         """x: [B, S, H] normed input, state_prev: [B, S, R] → (out [B, S, H] fp32, state [B, S, R], MoEStats).
 
-        layer: given when the expert weights hold the whole [L, E, ...] stacks (`takes_whole_stacks`).
-        Inside a manual `shard_map` (the ZeRO-1 step) the arrays and the counts are this device's."""
+        layer: given by the layer scan when the expert weights hold the whole [L, E, ...] stacks
+        (`takes_whole_stacks`). Inside a manual `shard_map` (the ZeRO-1 step) the arrays and the counts are this
+        device's."""
         m = self.cfg
         routing = self.router(x, state_prev)
         b, s, h = x.shape
         flat_x, choice, gate = (sharding.flatten_tokens(a) for a in (x, routing.choice, routing.gate))
         # the weights go in as stored: each dispatch casts its GEMM operands to x's dtype, so the weight
         # gradients come back in the parameter dtype (fp32, not rounded to bf16 and converted back)
-        w_in, w_out = self.w_in[...], self.w_out[...]
-        if layer is None:
-            result = get_dispatch(m.dispatch)(flat_x, choice, gate, w_in, w_out, m)
-        else:
-            result = DispatchResult(grouped_local(flat_x, choice, gate, w_in, w_out, layer), jnp.zeros((), jnp.int32))
+        experts = ExpertWeights(self.w_in[...], self.w_out[...], layer)
+        result = get_dispatch(m.dispatch)(flat_x, choice, gate, experts, m, self.kernels)
         out = result.out  # fp32
         if m.skip_output == "scaled_input":
             # the skip gate zeroed off skip tokens: a [T] select, whose transpose needs no [T, H] zeros

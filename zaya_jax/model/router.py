@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax import kernels
 from zaya_jax.model import layers
 
 
@@ -50,6 +51,7 @@ class Router(nnx.Module):
         h, r, classes = m.hidden_size, m.router_hidden_size, m.num_experts + 1
         self.eps = m.rms_norm_eps
         self.dtype = layers.dtype_of(m.dtype)
+        self.kernels = kernels.resolve(m)
         self.w_down = layers.normal_param(rngs, (h, r), std, pd, ("embed", "router"))
         self.b_down = layers.const_param((r,), 0.0, pd, ("router",))
         self.eda_scale = layers.const_param((r,), 1.0, pd, ("router",))
@@ -65,13 +67,13 @@ class Router(nnx.Module):
     def __call__(self, x: jax.Array, state_prev: jax.Array) -> Routing:
         """x: [..., H] normed MoE input; state_prev: [..., R] fp32 (zeros for the first MoE layer)."""
         f32 = lambda v: layers.lead(v[...].astype(jnp.float32), x.ndim)  # noqa: E731 (params [D] → [1.., D])
-        dt = self.dtype
-        a = layers.mm(x, self.w_down[...], dt)
+        dt, mm = self.dtype, self.kernels.linear
+        a = mm(x, self.w_down[...], dt)
         a = a + f32(self.b_down)
         a = a + f32(self.eda_scale) * state_prev
         u = layers.rms_norm(a, f32(self.norm), self.eps, jnp.float32)
-        u = jax.nn.gelu(layers.mm(u, self.w1[...], dt) + f32(self.b1), approximate=False)
-        u = jax.nn.gelu(layers.mm(u, self.w2[...], dt) + f32(self.b2), approximate=False)
-        probs = jax.nn.softmax(layers.mm(u, self.w3[...], dt), axis=-1)
+        u = jax.nn.gelu(mm(u, self.w1[...], dt) + f32(self.b1), approximate=False)
+        u = jax.nn.gelu(mm(u, self.w2[...], dt) + f32(self.b2), approximate=False)
+        probs = jax.nn.softmax(mm(u, self.w3[...], dt), axis=-1)
         choice, gate = choose(probs, self.balancing_bias[...].astype(jnp.float32))
         return Routing(choice, gate, probs, a)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax import kernels
 from zaya_jax.config import REMAT_POLICIES as REMAT_NAMES
 from zaya_jax.config import choice_table
 from zaya_jax.model import cca_context, layers
@@ -26,16 +27,16 @@ from zaya_jax.parallel.mesh import in_manual_region
 STACKED_AXIS = "layers"  # logical name of the leading axis of every per-layer parameter
 REMAT_POLICIES = choice_table(
     REMAT_NAMES,
-    {  # `layers.einsum` matmuls are saved by checkpoint name
+    {  # `Kernels.einsum` matmuls are saved by checkpoint name
         "none": None,  # no jax.checkpoint at all
         "full": None,
         "dots": jax.checkpoint_policies.save_from_both_policies(
             jax.checkpoint_policies.checkpoint_dots,
-            jax.checkpoint_policies.save_only_these_names(layers.MATMUL, layers.BATCHED_MATMUL),
+            jax.checkpoint_policies.save_only_these_names(kernels.MATMUL, kernels.BATCHED_MATMUL),
         ),
         "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
             jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-            jax.checkpoint_policies.save_only_these_names(layers.MATMUL),
+            jax.checkpoint_policies.save_only_these_names(kernels.MATMUL),
         ),
     },
 )
@@ -134,9 +135,10 @@ class Zaya(nnx.Module):
     """ZAYA1 causal LM. `model(input_ids)` → logits [B, S, V]; `model.forward(...)` also gives MoE stats."""
 
     def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-        m = frozen(m)
+        m = kernels.resolved_config(m)  # every module is built with the same concrete kernels
         pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
         self.cfg = m
+        self.kernels = kernels.resolve(m)
         self.embed = layers.normal_param(
             rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd, ("vocab", "embed")
         )
@@ -191,7 +193,7 @@ class Zaya(nnx.Module):
 
     def logits(self, h: jax.Array) -> jax.Array:
         """Tied head: h [..., H] → fp32 logits [..., V] (compute-dtype operands, fp32 accumulation)."""
-        return layers.mm(h, self.embed[...].T, layers.dtype_of(self.cfg.dtype))
+        return self.kernels.linear(h, self.embed[...].T, layers.dtype_of(self.cfg.dtype))
 
     def forward(
         self, input_ids: jax.Array, positions: jax.Array | None = None, context_layout: str = "contiguous"

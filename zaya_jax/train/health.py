@@ -60,7 +60,7 @@ class BalanceMonitor:
             )
         return (
             f"raise model.capacity_factor (now {self.capacity_factor}) or use a dropless dispatch "
-            f"(model.dispatch=grouped or ragged; now {self.dispatch}); dropped tokens skip the MoE block"
+            f"(model.dispatch=dropless; now {self.dispatch}); dropped tokens skip the MoE block"
         )
 
     def update(self, step: int, row: dict[str, Any]) -> list[str]:

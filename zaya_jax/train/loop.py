@@ -27,7 +27,7 @@ from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from zaya_jax import sizing
+from zaya_jax import kernels, sizing
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
@@ -124,7 +124,9 @@ def train(
     if peak is None and jax.process_index() == 0:
         logging.info(MEASURE_PEAK_HINT.format(kind=jax.devices()[0].device_kind))
     show = not quiet and jax.process_index() == 0
+    chosen = kernels.resolve(config.model)  # what the model was built with (docs/kernels.md)
     if show:
+        tqdm.write(f"kernels: {chosen}")
         tqdm.write(health.LEGEND)
     bar = tqdm(total=t.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
     last = {"time": time.perf_counter(), "step": start, "tokens": 0.0}
@@ -166,6 +168,7 @@ def train(
     bar.close()
     last_loss = row.get("loss", writer.last("loss"))  # a resumed run that trained no step: the logged one
     summary = {"steps": int(state.step), "final_loss": math.nan if last_loss is None else last_loss}
+    summary["kernels"] = str(chosen)
     preempted = checkpointer is not None and checkpointer.stop_requested  # saved; the grace period is short
     if eval_iter is not None and not preempted:
         held_out = {k: writer.last(k, step=int(state.step)) for k in ("eval_loss", "eval_tokens")}

@@ -7,6 +7,7 @@ of the sequence (`train.loss_chunk` positions at a time), so no [B, S, V] fp32 l
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from zaya_jax.model import layers
+from zaya_jax.kernels import matmul as matmul_kernels
 
 
 class LossSums(NamedTuple):
@@ -57,11 +58,13 @@ def chunked_objective(
     chunk: int,
     blocks: int = 1,
     dtype=jnp.float32,
+    matmul: str = "xla",
 ) -> tuple[jax.Array, LossSums]:
     """(Σ CE + z_loss · Σ logsumexp², LossSums) of the tied head `h @ embedᵀ` without materialising all logits.
 
     h: [B, S, H] final hidden states; embed: [V, H]; labels/loss_mask: [B, S]; dtype: the compute dtype of
-    the head GEMMs (fp32 accumulation, fp32 logits). The sequence is viewed as `blocks` contiguous blocks (the
+    the head GEMMs (fp32 accumulation, fp32 logits); matmul: the model's matmul kernel (`Kernels.matmul`, for the
+    head's weight gradient). The sequence is viewed as `blocks` contiguous blocks (the
     context-parallel shards of a GSPMD-sharded sequence, so no chunk straddles devices) of n chunks of at most
     `chunk` positions; a `lax.scan` over the chunks computes [B, blocks, c, V] logits at a time. Under
     differentiation the forward pass also computes the chunk's gradients (fused linear cross-entropy), so
@@ -75,7 +78,7 @@ def chunked_objective(
     layout = (b, blocks, n, c)
     split = lambda x: jnp.moveaxis(x.reshape(*layout, *x.shape[2:]), 2, 0)  # noqa: E731
     xs = (split(h.astype(dtype)), split(labels), split(loss_mask.astype(jnp.float32)))
-    objective, sums = _fused_ce(xs, embed.astype(dtype), float(z_loss))
+    objective, sums = _fused_ce(xs, embed.astype(dtype), float(z_loss), matmul)
     return objective, LossSums(sums[0], sums[1], jnp.sum(loss_mask.astype(jnp.float32)))
 
 
@@ -87,8 +90,8 @@ def _chunk_stats(hx, lx, mx, w):
     return logits, lse, jnp.stack([jnp.sum(ce * mx), jnp.sum(lse * lse * mx)])
 
 
-@jax.custom_vjp
-def _fused_ce(xs, w, z_loss):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _fused_ce(xs, w, z_loss, matmul):
     """xs = (h [n, ..., H], labels [n, ...], mask [n, ...]) chunks → (objective, [Σ CE, Σ lse²])."""
 
     def one(acc, x):
@@ -98,11 +101,11 @@ def _fused_ce(xs, w, z_loss):
     return sums[0] + z_loss * sums[1], sums
 
 
-def _fused_ce_fwd(xs, w, z_loss):
+def _fused_ce_fwd(xs, w, z_loss, matmul):
     def one(carry, x):
         acc, dw = carry
         hx, lx, mx = x
-        if layers.flat_tokens_are_local():  # one token axis: the head's weight gradient contracts one axis
+        if matmul_kernels.flat_tokens_are_local():  # one token axis: the head's weight gradient contracts one axis
             lead = lx.ndim
             hx, lx, mx = (a.reshape(-1, *a.shape[lead:]) for a in x)
         logits, lse, sums = _chunk_stats(hx, lx, mx, w)
@@ -111,7 +114,7 @@ def _fused_ce_fwd(xs, w, z_loss):
         dlogits = ((p - onehot) + (2.0 * z_loss) * lse[..., None] * p) * mx[..., None]  # d objective / d logits
         dlogits = dlogits.astype(w.dtype)
         dh = jnp.einsum("...v,vh->...h", dlogits, w, preferred_element_type=jnp.float32).astype(hx.dtype)
-        dw = dw + layers.weight_grad(dlogits, hx)
+        dw = dw + matmul_kernels.weight_grad(dlogits, hx, matmul)
         return (acc + sums, dw), dh.reshape(x[0].shape)
 
     init = (jnp.zeros((2,), jnp.float32), jnp.zeros(w.shape, jnp.float32))
@@ -119,7 +122,7 @@ def _fused_ce_fwd(xs, w, z_loss):
     return (sums[0] + z_loss * sums[1], sums), (dh, dw.astype(w.dtype), xs[1])
 
 
-def _fused_ce_bwd(res, cotangents):
+def _fused_ce_bwd(matmul, res, cotangents):
     dh, dw, labels = res
     g = cotangents[0]  # only the objective is differentiated; the sums are metrics
     zeros_like_int = np.zeros(labels.shape, jax.dtypes.float0)

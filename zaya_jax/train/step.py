@@ -62,6 +62,7 @@ def micro_loss(graphdef, params, biases, mb: dict, config: ml_collections.Config
         chunk=config.train.loss_chunk,
         blocks=context_blocks(),
         dtype=dtype_of(config.model.dtype),
+        matmul=model.kernels.matmul,
     )
     return total, (sums, stats)
 

@@ -1,4 +1,4 @@
-"""Dropless grouped expert GEMMs for CPU: tokens sorted by expert, per-expert loops over row chunks.
+"""The `loops` grouped-GEMM kernel (XLA:CPU): tokens sorted by expert, per-expert loops over row chunks.
 
 XLA:CPU lowers `jax.lax.ragged_dot` to one dense masked dot (E× the expert FLOPs) and the capacity
 dispatch does cf× the work and drops overflow. Here the tokens of expert e occupy rows
@@ -12,7 +12,9 @@ The backward pass is written by hand (`jax.custom_vjp`; JAX cannot differentiate
 trip counts) with the same loop structure; gate/up activations are kept from the forward pass.
 Chunks write whole blocks (the rest chunk BIG rows, zero-padded, written outside the switch so that XLA
 does not copy the buffers into its branches): rows past the group are masked to zero, and because experts
-run in increasing order a later expert overwrites them with its own result. On GPU/TPU prefer `ragged_dot`.
+run in increasing order a later expert overwrites them with its own result. bf16 buffers written piecewise and
+residuals are kept as bits, backward operands in the forward layout (`zaya_jax.kernels.xla_cpu`). On GPUs use
+`ragged_dot` (docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from zaya_jax.model import layers
+from zaya_jax.kernels.xla_cpu import as_bits, from_bits, transposed
 
 SMALL, BIG = 16, 256  # row granularity (waste < SMALL rows per expert) and the largest chunk
 PAD = BIG  # zero rows after the last group: the rest chunk writes a whole block of BIG rows
@@ -78,10 +80,10 @@ def _expert(w: jax.Array, layer: jax.Array, e: jax.Array) -> jax.Array:
 
 def _forward(xs, starts, sizes, w_in, w_out, layer):
     """xs [Tp, H] sorted (Tp ≥ T + PAD), starts/sizes [E] → (ys [Tp, H] fp32, gate_up [Tp, 2I] in xs.dtype, as
-    `layers.as_bits`)."""
+    `xla_cpu.as_bits`)."""
     h, two_i, dt = w_in.shape[2], w_in.shape[3], xs.dtype
     ys = jnp.zeros(xs.shape, jnp.float32)
-    gu_all = layers.as_bits(jnp.zeros((xs.shape[0], two_i), dt))
+    gu_all = as_bits(jnp.zeros((xs.shape[0], two_i), dt))
 
     ids, busy = _nonempty(sizes)
 
@@ -97,7 +99,7 @@ def _forward(xs, starts, sizes, w_in, w_out, layer):
             g, u = jnp.split(gu, 2, axis=-1)
             y = _mm(_silu_parts(g)[0] * u, wo, dt)
             valid = (row + jnp.arange(size) < n)[:, None]
-            return (jnp.where(valid, y, 0), layers.as_bits(gu.astype(dt))), ()
+            return (jnp.where(valid, y, 0), as_bits(gu.astype(dt))), ()
 
         row, blocks, _ = _rest(n, outputs)
         carry = _write(carry, blocks, start + row)
@@ -128,19 +130,19 @@ def grouped_swiglu(
 
 def _t(a: jax.Array, dt) -> jax.Array:
     """aᵀ for a backward GEMM operand: a row-major copy in bf16 (XLA:CPU's fast bf16 GEMMs need the forward
-    layout, see `layers.transposed`), a plain transpose in fp32 (which runs at full rate either way)."""
-    return layers.transposed(a.astype(dt)) if dt == jnp.bfloat16 else a.T
+    layout, see `transposed`), a plain transpose in fp32 (which runs at full rate either way)."""
+    return transposed(a.astype(dt)) if dt == jnp.bfloat16 else a.T
 
 
 def _fwd(xs, starts, sizes, w_in, w_out, layer):
     # bf16 residuals as bits: the layer scan stacks them, and XLA:CPU would stack bf16 through fp32 copies
     ys, gu_bits = _forward(xs, starts, sizes, w_in, w_out, layer)
-    return ys, (layers.as_bits(xs), gu_bits, starts, sizes, w_in, w_out, layer)
+    return ys, (as_bits(xs), gu_bits, starts, sizes, w_in, w_out, layer)
 
 
 def _bwd(res, dys):
     xs_bits, gu_bits, starts, sizes, w_in, w_out, layer = res
-    xs, gu_all = layers.from_bits(xs_bits), layers.from_bits(gu_bits)
+    xs, gu_all = from_bits(xs_bits), from_bits(gu_bits)
     h, two_i, dt = w_in.shape[2], w_in.shape[3], xs.dtype
     bf16 = dt == jnp.bfloat16
 
@@ -170,7 +172,7 @@ def _bwd(res, dys):
             dgu = jnp.concatenate([da * u * (sig * (1 + g * (1 - sig))), da * act], axis=-1)
             dwi = _mm(_t(x, dt), dgu, dt)
             dx = _mm(dgu, wi_t if bf16 else wi.T, dt)
-            return (layers.as_bits(dx.astype(dt)),), (dwi, dwo)
+            return (as_bits(dx.astype(dt)),), (dwi, dwo)
 
         def full(j, c):
             dxs, acc_in, acc_out = c
@@ -188,14 +190,14 @@ def _bwd(res, dys):
         return dxs, dw_in, dw_out
 
     stacks = (jnp.zeros(w.shape[1:], w.dtype) for w in (w_in, w_out))  # [E, ...]: idle experts' stay zero
-    dxs, *dws = jax.lax.fori_loop(0, busy, expert, (layers.as_bits(jnp.zeros_like(xs)), *stacks))
+    dxs, *dws = jax.lax.fori_loop(0, busy, expert, (as_bits(jnp.zeros_like(xs)), *stacks))
     # zero but for layer `layer`: under the layer scan's transpose, XLA turns "accumulator + this" into an
     # in-place update of that layer's slice
     dw_in, dw_out = (
         jax.lax.dynamic_update_slice(jnp.zeros_like(w), dw[None], (layer, *(0,) * (w.ndim - 1)))
         for w, dw in zip((w_in, w_out), dws)
     )
-    return layers.from_bits(dxs), None, None, dw_in, dw_out, None
+    return from_bits(dxs), None, None, dw_in, dw_out, None
 
 
 grouped_swiglu.defvjp(_fwd, _bwd)

@@ -1,0 +1,39 @@
+# shellcheck shell=bash
+# CUDA / NCCL / XLA environment for zaya_jax on NVIDIA H100 / H200 nodes (8 GPUs per node).
+#
+# Source it before Python starts (`source launch/cuda/env.sh; python -m launch.train ...`). Every variable keeps
+# a value that is already set (`${VAR:-default}`), so a site profile or the job environment overrides it.
+# XLA aborts at start-up on a flag its version does not know: tests/test_rocm_launch.py checks every flag here
+# against the installed jaxlib. Tags: [B] public NVIDIA JAX-Toolbox MaxText recipes (docs/frameworks/maxtext,
+# docs/GPU_performance.md); [I] inferred for this model. Not yet validated on hardware (`launch.gpu_check`
+# measures it; benchmarks/gpu/).
+
+# GPUs per node; one JAX process drives all of them (see launch/rocm/env.sh for why).
+export GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+export JAX_LOCAL_DEVICE_IDS=${JAX_LOCAL_DEVICE_IDS:-$(seq -s, 0 $((GPUS_PER_NODE - 1)))}
+# Fraction of HBM the XLA client preallocates [B].
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-.90}
+# One hardware work queue on Hopper, so that a collective launched first also starts first [B].
+export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
+
+_zaya_xla_flags=(
+  # overlap collectives (ZeRO-1 reduce-scatter / all-gather, context-parallel all-gathers) with compute [B]
+  --xla_gpu_enable_latency_hiding_scheduler=true
+  # CUDA graphs off: they serialise the collectives the scheduler overlaps [B]
+  --xla_gpu_enable_command_buffer=
+  # combine the per-parameter collectives: all-reduce / all-gather 1 GiB, reduce-scatter 128 MiB [B]
+  --xla_gpu_all_reduce_combine_threshold_bytes=1073741824
+  --xla_gpu_all_gather_combine_threshold_bytes=1073741824
+  --xla_gpu_reduce_scatter_combine_threshold_bytes=134217728
+  # pipeline the collectives of a while loop (the layer scan) with the neighbouring iterations' compute [B]
+  --xla_gpu_enable_pipelined_all_gather=true
+  --xla_gpu_enable_pipelined_reduce_scatter=true
+  --xla_gpu_enable_pipelined_all_reduce=true
+  --xla_gpu_enable_while_loop_double_buffering=true
+)
+export XLA_FLAGS="${XLA_FLAGS:-} ${_zaya_xla_flags[*]}"
+unset _zaya_xla_flags
+# Quiet C++ logs [B].
+export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
+# NCCL: warnings only; INFO (plus NCCL_DEBUG_SUBSYS=INIT,NET) shows the rings and NICs chosen.
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}

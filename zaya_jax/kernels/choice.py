@@ -1,0 +1,111 @@
+"""Which kernel runs each platform-specific piece, chosen once (`model.kernels`, docs/kernels.md).
+
+`resolve(model_cfg)` turns `model.kernels` into a `Kernels` of concrete names when the model is built. `platform`
+is the target the program is built for: "auto" means the platform of the devices this process runs on; a CPU
+host lowering a program for a GPU names it (`model.kernels.platform=rocm`). Each kernel's "auto" then follows
+`AUTO` below; an explicit name always wins. Model code never asks which backend it runs on: it calls the
+`Kernels` it was built with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import ml_collections
+
+from zaya_jax.kernels import attention as attention_kernels
+from zaya_jax.kernels import matmul as matmul_kernels
+from zaya_jax.kernels.grouped import ExpertWeights, dropless_swiglu
+
+# platform → (matmul, grouped_gemm, attention) for "auto", and why:
+AUTO = {
+    # XLA:CPU: bf16 GEMMs only run fast in the forward layout; ragged_dot is a dense masked dot (E× the work)
+    "cpu": ("xla_cpu", "loops", "xla"),
+    # CUDA: cuBLAS picks layouts; ragged_dot as XLA lowers it; cuDNN flash attention for bf16 (fp32: xla)
+    "cuda": ("xla", "ragged_dot", "cudnn"),
+    # ROCm: hipBLASLt; ragged_dot with the hipBLASLt grouped-GEMM lowering (launch/rocm/env.sh); no fused
+    # attention in jax for ROCm (Transformer Engine's CK kernels are a separate install)
+    "rocm": ("xla", "ragged_dot", "xla"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernels:
+    """Concrete kernel names for one program (hashable: modules keep it as static structure)."""
+
+    platform: str  # cpu | cuda | rocm
+    matmul: str  # xla | xla_cpu
+    grouped_gemm: str  # loops | ragged_dot | tokamax
+    attention: str  # xla | cudnn
+
+    def __str__(self) -> str:
+        return (
+            f"platform={self.platform} matmul={self.matmul} grouped_gemm={self.grouped_gemm} attention={self.attention}"
+        )
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    # ------------------------------------------------------------------ the API model code calls
+    def einsum(self, spec: str, a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+        """Mixed-precision `einsum(spec, a, b)`: `dtype` operands, fp32 result (`zaya_jax.kernels.matmul`)."""
+        return matmul_kernels.einsum(spec, a, b, dtype, self.matmul)
+
+    def linear(self, x: jax.Array, w: jax.Array, dtype) -> jax.Array:
+        """Mixed-precision `x @ w`: x [..., K], w [K, N] → [..., N] fp32."""
+        return matmul_kernels.matmul(x, w, dtype, self.matmul)
+
+    def weight_grad(self, a: jax.Array, g: jax.Array) -> jax.Array:
+        """Σ_t a[t]ᵀ g[t] → [K, N] fp32 (the weight gradient of `a @ w`)."""
+        return matmul_kernels.weight_grad(a, g, self.matmul)
+
+    def grouped_swiglu(self, x: jax.Array, choice: jax.Array, gate: jax.Array, experts: ExpertWeights) -> jax.Array:
+        """Dropless top-1 expert SwiGLU of one device's tokens: x [T, H] → g · expert(x) [T, H] fp32."""
+        return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts)
+
+    def takes_expert_stacks(self) -> bool:
+        """Whether `grouped_swiglu` reads the decoder's whole [L, E, ...] expert stacks (see `ExpertWeights`)."""
+        return self.grouped_gemm == "loops"
+
+    def causal_attention(self, q, k, v, dtype, q_offset: int | jax.Array = 0, chunk: int = 0) -> jax.Array:
+        """Grouped-query causal attention: q [B, Sq, n_q, d], k/v [B, Sk, n_kv, d] → [B, Sq, n_q, d] in `dtype`.
+        A fused kernel runs the plain full-sequence case; blocks at a traced offset (context parallel) or
+        fewer queries than keys run the `xla` einsums."""
+        if self.attention != "xla" and isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]:
+            return attention_kernels.fused_causal_attention(q, k, v, dtype, self.attention)
+        return attention_kernels.causal_attention(q, k, v, dtype, q_offset, chunk, self.matmul)
+
+
+def current_platform() -> str:
+    """The platform of this process's default devices: cpu | cuda | rocm."""
+    backend = jax.default_backend()
+    if backend in ("cuda", "rocm", "cpu"):
+        return backend
+    if backend == "gpu":
+        version = jax.devices()[0].client.platform_version.lower()
+        return "rocm" if "rocm" in version or "hip" in version else "cuda"
+    raise ValueError(f"no kernels for the {backend!r} backend (zaya_jax targets cpu, cuda and rocm)")
+
+
+def resolve(m: ml_collections.ConfigDict) -> Kernels:
+    """The concrete kernels of model config `m` (`m.kernels`, `m.dtype`; a config from before `model.kernels`
+    existed counts as all "auto"). Fused attention needs bf16 operands, so an fp32 model resolves attention
+    "auto" to `xla` on every platform."""
+    k = m.get("kernels") or ml_collections.ConfigDict(
+        dict(platform="auto", matmul="auto", grouped_gemm="auto", attention="auto")
+    )
+    platform = current_platform() if k.platform == "auto" else k.platform
+    defaults = dict(zip(("matmul", "grouped_gemm", "attention"), AUTO[platform]))
+    if m.dtype != "bfloat16" and defaults["attention"] == "cudnn":
+        defaults["attention"] = "xla"
+    chosen = {name: (defaults[name] if k[name] == "auto" else k[name]) for name in defaults}
+    return Kernels(platform=platform, **chosen)
+
+
+def resolved_config(m: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
+    """Model config `m` with `kernels` replaced by its resolved, concrete names (a new frozen config): the model
+    is built from it, so every module and every later reader (run header, checkpoint metadata) sees them."""
+    changed = ml_collections.ConfigDict(m.to_dict() if isinstance(m, ml_collections.FrozenConfigDict) else m)
+    changed.kernels = resolve(m).as_dict()
+    return ml_collections.FrozenConfigDict(changed)

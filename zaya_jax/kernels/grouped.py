@@ -1,0 +1,75 @@
+"""Dropless expert SwiGLU on one device's tokens: the grouped expert GEMMs of the MoE (docs/architecture.md §7,
+docs/kernels.md). Tokens are sorted by expert, each expert's rows run through its own W_in / W_out, and the
+results go back to token order times the gate.
+
+Three implementations (`model.kernels.grouped_gemm`), all computing exactly the active FLOPs' result:
+
+* `loops`: per-expert loops of chunked GEMMs (`zaya_jax.kernels.grouped_loops`), XLA:CPU's fast path (XLA:CPU
+  lowers `ragged_dot` to one dense masked dot, E× the work). It can read the whole [L, E, ...] expert stacks of
+  the decoder (`ExpertWeights.layer`), so the layer scan hands them over unsliced.
+* `ragged_dot`: `jax.lax.ragged_dot`, lowered by XLA for the platform: on ROCm a hipBLASLt grouped GEMM with
+  `--xla_gpu_experimental_use_ragged_dot_grouped_gemm` (launch/rocm/env.sh), else XLA's default lowering.
+* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from zaya_jax.kernels.grouped_loops import grouped_local
+
+
+class ExpertWeights(NamedTuple):
+    """One MoE layer's expert weights: w_in [E, H, 2I] (gate | up), w_out [E, I, H]; or, with `layer` ([] int32),
+    the decoder's layer-stacked [L, E, ...] weights and the index of this layer."""
+
+    w_in: jax.Array
+    w_out: jax.Array
+    layer: jax.Array | None = None
+
+    def of_layer(self) -> tuple[jax.Array, jax.Array]:
+        """(w_in [E, H, 2I], w_out [E, I, H]) of this layer."""
+        if self.layer is None:
+            return self.w_in, self.w_out
+        return tuple(jax.lax.dynamic_index_in_dim(w, self.layer, 0, keepdims=False) for w in (self.w_in, self.w_out))
+
+
+def dropless_swiglu(kernel: str, x: jax.Array, choice: jax.Array, gate: jax.Array, experts: ExpertWeights):
+    """x [T, H] (compute dtype), choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] fp32, 0 for skip
+    tokens. GEMM operands in x's dtype, fp32 accumulation; weight gradients come back in the weights' dtype."""
+    if kernel == "loops":
+        return grouped_local(x, choice, gate, *experts)
+    w_in, w_out = experts.of_layer()
+    return _ragged_local(_ragged_dot_of(kernel), x, choice, gate, w_in, w_out)
+
+
+def _ragged_dot_of(kernel: str):
+    if kernel == "ragged_dot":
+        return jax.lax.ragged_dot
+    if kernel == "tokamax":
+        try:
+            import tokamax  # optional: a GPU kernel library, installed with the `cuda` / `rocm` extras
+        except ImportError as e:
+            raise RuntimeError(
+                "model.kernels.grouped_gemm=tokamax needs the tokamax package: pip install tokamax "
+                "(or choose model.kernels.grouped_gemm=ragged_dot)"
+            ) from e
+        return tokamax.ragged_dot
+    raise ValueError(f"unknown grouped-GEMM kernel {kernel!r}")
+
+
+def _ragged_local(ragged_dot, x, choice, gate, w_in, w_out) -> jax.Array:
+    """Stable sort by expert (skip tokens last), two grouped GEMMs, unsort."""
+    num_experts, dt = w_in.shape[0], x.dtype
+    order = jnp.argsort(choice, stable=True)
+    sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+    gate_up = ragged_dot(x[order], w_in.astype(dt), sizes, preferred_element_type=jnp.float32)
+    g, up = jnp.split(gate_up, 2, axis=-1)
+    ys = ragged_dot((jax.nn.silu(g) * up).astype(dt), w_out.astype(dt), sizes, preferred_element_type=jnp.float32)
+    valid = jnp.arange(x.shape[0]) < jnp.sum(sizes)  # rows past the groups (skip tokens) are unspecified
+    ys = jnp.where(valid[:, None], ys, 0.0)
+    expert_token = (choice < num_experts)[:, None]
+    return jnp.where(expert_token, jnp.zeros_like(ys).at[order].set(ys) * gate[:, None], 0.0)
