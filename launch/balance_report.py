@@ -15,7 +15,7 @@ from launch import cli
 
 _RUNS = flags.DEFINE_list("runs", None, "label=workdir pairs of finished training runs.")
 _OUT = flags.DEFINE_string("out", None, "Output directory.")
-_LAST = flags.DEFINE_integer("last", 50, "Average over the logged steps of this many final steps.")
+_LAST = flags.DEFINE_integer("last", 50, "Average over the logged steps of this many final steps.", lower_bound=1)
 _TITLE = flags.DEFINE_string("title", "", "Plot title.")
 flags.mark_flags_as_required(["runs", "out"])
 

@@ -365,6 +365,21 @@ cpu_devices.define_flag(
 flags.DEFINE_string("coordinator_address", None, "multi-process: jax.distributed coordinator host:port")
 flags.DEFINE_integer("num_processes", None, "multi-process: number of processes")
 flags.DEFINE_integer("process_id", None, "multi-process: this process's id")
+# every number checked while the flags are parsed (one line, exit 78), before anything is compiled
+cli.require_numbers(
+    "min_bytes",
+    "max_bytes",
+    "trials",
+    "warmup",
+    "gemm_tokens",
+    "batch",
+    "seq_len",
+    "tokens",
+    "num_processes",
+    minimum=1,
+)
+cli.require_numbers("separate_runs", "process_id", minimum=0)
+cli.require_numbers("max_gflop", above=0)
 
 
 def main(argv: list[str]) -> None:

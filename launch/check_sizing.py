@@ -20,7 +20,7 @@ _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (experiments/*.py[:arg]).", lock_config=True
 )
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.sizing.HARDWARE key)")
-flags.DEFINE_integer("tokens_per_device", None, "tokens per device per microbatch (enables token rules)")
+flags.DEFINE_integer("tokens_per_device", None, "tokens per device per microbatch (enables token rules)", lower_bound=1)
 flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8,expert:2 (default: the config's mesh, axes > 1)")
 flags.DEFINE_bool("strict", False, "also flag dims that are multiples of 64 but not of 128")
 flags.mark_flags_as_required(["config"])

@@ -291,6 +291,13 @@ BAD_INPUTS: list[BadInput] = [
         ci=True,
         expect="--seq_len",
     ),
+    BadInput("bench_zero_seq_len", "bench", lambda c: ["--suite=train", "--seq_len=0"], ci=True, expect="--seq_len"),
+    BadInput(
+        "check_sizing_negative_tokens",
+        "check_sizing",
+        lambda c: ["--config=experiments/zaya1_tiny.py", "--tokens_per_device=-1"],
+        expect="--tokens_per_device",
+    ),
     # ---- launch.generate
     BadInput(
         "negative_max_new_tokens",
