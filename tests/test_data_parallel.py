@@ -181,3 +181,17 @@ def test_iterator_state_survives_prefetch_and_process_count_changes(reference):
         halves.append(it.next_batch(4))
     for key in want:
         assert np.array_equal(np.concatenate([h[key] for h in halves]), want[key])
+
+
+def test_source_maps_only_the_shards_it_reads_and_at_most_open_shards(reference, monkeypatch):
+    _, _, out, manifest = reference
+    monkeypatch.setattr(pipeline, "OPEN_SHARDS", 3)
+    src = pipeline.PackedSource(out, "train")
+    assert len(src._arrays) == 0 and len(manifest["shards"]) > 3
+    first = manifest["shards"][0]
+    row0 = np.load(os.path.join(out, first["tokens"]))[0]
+    assert np.array_equal(src[0]["tokens"], row0) and len(src._arrays) == 1
+    whole = np.concatenate([np.load(os.path.join(out, s["tokens"])) for s in manifest["shards"]])
+    for i in range(len(src)):
+        assert np.array_equal(src[i]["tokens"], whole[i])
+        assert len(src._arrays) <= 3

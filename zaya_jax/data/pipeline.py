@@ -21,6 +21,7 @@ Batch dict (B = per-process batch, S = seq_len):
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import hashlib
 import json
@@ -34,6 +35,7 @@ from zaya_jax.data import prepare as prep
 from zaya_jax.data.tokenizer import DataError
 
 STATE_VERSION = 1
+OPEN_SHARDS = 4096  # memory-mapped shards kept open per source (two maps each)
 
 
 class PackedSource:
@@ -52,19 +54,25 @@ class PackedSource:
         if self._stop <= self._start:
             raise DataError(f"{self.dir} has no rows in split {split!r}; prepare more data or a non-zero eval_fraction")
         self._offsets = np.cumsum([0] + [s["rows"] for s in self.manifest["shards"]])
-        self._arrays: list | None = None
+        self._arrays: collections.OrderedDict = collections.OrderedDict()  # shard index -> memmaps, LRU order
 
     @property
     def fingerprint(self) -> str:
         return f"{self.manifest['config_fingerprint']}:{self.split}"
 
-    def _shards(self) -> list:
-        if self._arrays is None:  # opened lazily, so the source pickles without its memmaps
-            self._arrays = prep.open_shards(self.dir, self.manifest)
-        return self._arrays
+    def _shard(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shard `index`'s memmaps, opened on first use (a host opens only the shards its rows are in); at most
+        OPEN_SHARDS stay mapped (a 14T-token preparation has ~10^6 shards, beyond the kernel's map count)."""
+        if index in self._arrays:
+            self._arrays.move_to_end(index)
+        else:
+            self._arrays[index] = prep.open_shard(self.dir, self.manifest, index)
+            if len(self._arrays) > OPEN_SHARDS:
+                self._arrays.popitem(last=False)
+        return self._arrays[index]
 
-    def __getstate__(self) -> dict:
-        return dict(self.__dict__, _arrays=None)
+    def __getstate__(self) -> dict:  # the source pickles without its memmaps
+        return dict(self.__dict__, _arrays=collections.OrderedDict())
 
     def __len__(self) -> int:
         return self._stop - self._start
@@ -74,7 +82,7 @@ class PackedSource:
             raise IndexError(f"row {index} out of range for {self!r}")
         row = self._start + int(index)
         shard = int(np.searchsorted(self._offsets, row, side="right")) - 1
-        tokens, segments = self._shards()[shard]
+        tokens, segments = self._shard(shard)
         r = row - int(self._offsets[shard])
         return dict(tokens=np.asarray(tokens[r], np.int32), segment_ids=np.asarray(segments[r], np.int32))
 

@@ -265,15 +265,18 @@ def load_manifest(prepared_dir: str) -> dict:
     return manifest
 
 
+def open_shard(prepared_dir: str, manifest: dict, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Memory-mapped (tokens, segments) arrays of shard `index`, each [rows, row_len]."""
+    shard = manifest["shards"][index]
+    pair = tuple(np.load(os.path.join(prepared_dir, shard[k]), mmap_mode="r") for k in ("tokens", "segments"))
+    if pair[0].shape != (shard["rows"], manifest["row_len"]) or pair[1].shape != pair[0].shape:
+        raise DataError(
+            f"shard {shard['tokens']} in {prepared_dir} has shape {pair[0].shape}, manifest says "
+            f"{(shard['rows'], manifest['row_len'])}; prepare the data again"
+        )
+    return pair
+
+
 def open_shards(prepared_dir: str, manifest: dict) -> list[tuple[np.ndarray, np.ndarray]]:
     """Memory-mapped (tokens, segments) arrays, each [rows, row_len], one pair per shard."""
-    out = []
-    for shard in manifest["shards"]:
-        pair = tuple(np.load(os.path.join(prepared_dir, shard[k]), mmap_mode="r") for k in ("tokens", "segments"))
-        if pair[0].shape != (shard["rows"], manifest["row_len"]) or pair[1].shape != pair[0].shape:
-            raise DataError(
-                f"shard {shard['tokens']} in {prepared_dir} has shape {pair[0].shape}, manifest says "
-                f"{(shard['rows'], manifest['row_len'])}; prepare the data again"
-            )
-        out.append(pair)
-    return out
+    return [open_shard(prepared_dir, manifest, i) for i in range(len(manifest["shards"]))]
