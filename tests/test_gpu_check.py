@@ -4,6 +4,7 @@ each: the state-init and step compiles), hence `slow`."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from zaya_jax.bench import common
-from zaya_jax.bench.gpu_check import Options, cases, parity, report, run, throughput
+from zaya_jax.bench.gpu_check import Options, cases, jobs, parity, report, run, throughput
 from zaya_jax.config import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,3 +156,23 @@ def test_usage_errors_exit_78_with_one_line(args, message):
     )
     assert proc.returncode == 78, proc.stderr[-2000:]
     assert message in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+@pytest.mark.slow
+def test_a_case_whose_process_fails_reports_the_error_line():
+    """A case in a process of its own (accelerator hosts) with an XLA flag the installed jaxlib does not know:
+    the child aborts at start-up and the job's error is XLA's line, not a traceback."""
+    planned = throughput.Planned(cases.SMOKE_CONFIG, cases.Case("loops", cases.dropless("loops")), "x", False, True)
+    spec = dict(
+        config=dataclasses.asdict(planned.config),
+        case=dataclasses.asdict(planned.case),
+        label="x",
+        default=False,
+        gemm_peak=1.0,
+        sheet_peak=None,
+        timing=dataclasses.asdict(throughput.Timing(1, 1, True)),
+    )
+    command = (sys.executable, "-m", "launch.gpu_check")
+    handle = jobs.start("throughput_case", spec, command=command, env={"XLA_FLAGS": "--xla_no_such_flag=1"})
+    with pytest.raises(RuntimeError, match=r"job throughput_case exited .*Unknown flag in XLA_FLAGS: --xla_no_such"):
+        handle.result()

@@ -41,7 +41,7 @@ class Options:
     out_dir: str
     smoke: bool = False
     configs: tuple[str, ...] = tuple(cases.FILL_CONFIGS)
-    budget_s: float = 420.0
+    budget_s: float = 360.0
     job_command: tuple[str, ...] | None = None
     command: str | None = None
     child_env: tuple[tuple[str, str], ...] = ()
@@ -56,7 +56,7 @@ def _settings(options: Options) -> tuple[list[cases.ConfigRef], peaks.PeakSizes,
     return [cases.FILL_CONFIGS[c] for c in options.configs], peaks.PeakSizes(), throughput.Timing()
 
 
-def _case_runner(options: Options, platform: str, gemm_peak: float, sheet_peak, timing) -> Callable:
+def _case_runner(options: Options, platform: str, gemm_peak: float, sheet_peak, timing, log) -> Callable:
     """Measures a throughput case: in this process on a CPU-only host; on an accelerator host in a fresh process
     (its own device memory and XLA_FLAGS — the grouped-lowering flag as the case wants it — and the
     preallocation the user set, `Options.child_env`), so one case's failure or memory cannot affect the next."""
@@ -64,6 +64,7 @@ def _case_runner(options: Options, platform: str, gemm_peak: float, sheet_peak, 
     flag = cases.GROUPED_LOWERING_FLAG.get(platform)
 
     def execute(p: throughput.Planned) -> list[dict]:
+        log(f"gpu_check:   {p.label}")
         if on_cpu and not p.subprocess:
             return throughput.measure(p, gemm_peak, sheet_peak, timing)
         spec = dict(
@@ -94,17 +95,13 @@ def run(options: Options, log: Callable[[str], None] = print) -> int:
     on_cpu = jax.default_backend() == "cpu"
     cpu_command = None if on_cpu else options.job_command  # CPU work in a CPU-only process on accelerator hosts
     cpu_env = None if on_cpu else {"JAX_PLATFORMS": "cpu"}
-    hardware = memory.hardware_name()
-    fast = timing.fast_compile
-    reference = jobs.start(
-        "parity_reference", {"steps": parity.STEPS, "fast_compile": fast}, command=cpu_command, env=cpu_env
+    cpu_spec = dict(
+        steps=parity.STEPS,
+        fast_compile=timing.fast_compile,
+        configs=[dataclasses.asdict(c) for c in configs],
+        hardware=memory.hardware_name(),
     )
-    plans = {
-        c.name: jobs.start(
-            "plan_memory", {"config": dataclasses.asdict(c), "hardware": hardware}, command=cpu_command, env=cpu_env
-        )
-        for c in configs
-    }
+    cpu_side = jobs.start("cpu_side", cpu_spec, command=cpu_command, env=cpu_env)
     tiny_model = cases.SMOKE_CONFIG.load().model
     platform = kernels.resolve(tiny_model).platform
     found: dict = {}
@@ -112,28 +109,34 @@ def run(options: Options, log: Callable[[str], None] = print) -> int:
     def measure_peaks(s: report.Section) -> None:
         found["gemm_peak"] = peaks.run(s, peak_sizes)
 
+    def measure_parity(s: report.Section) -> None:
+        parity.run(s, lambda: cpu_side.result()["reference"], timing.fast_compile)
+
     def measure_throughput(s: report.Section) -> None:
         gemm_peak, sheet = found.get("gemm_peak", 0.0), peaks.datasheet_peak()
         tokamax = cases.tokamax_importable()
         planned = throughput.plan_cases(configs, platform, tokamax=tokamax)
         if platform != "cpu" and not tokamax:
             s.notes.append("tokamax is not importable here: its grouped-GEMM case is left out (pip install tokamax)")
-        execute = _case_runner(options, platform, gemm_peak, sheet, timing)
+        execute = _case_runner(options, platform, gemm_peak, sheet, timing, log)
         throughput.run(s, planned, execute, t0 + options.budget_s)
 
     def measure_memory(s: report.Section) -> None:
-        measured = next(x.rows for x in sections if x.key == "throughput")
-        memory.run(s, configs, {name: handle.result for name, handle in plans.items()}, measured)
+        measured = next(x.rows for x in done if x.key == "throughput")
+        plans = {c.name: (lambda name=c.name: cpu_side.result()["plans"][name]) for c in configs}
+        memory.run(s, configs, plans, measured)
 
-    sections: list[report.Section] = []
-    for key, title, body in (
+    order = (  # executed in this order (parity after the long section: the CPU reference runs meanwhile)
         ("environment", "1. Device, versions, environment, kernels", lambda s: environment.run(s, tiny_model)),
         ("peaks", "2. bf16 GEMM peak and HBM bandwidth", measure_peaks),
-        ("parity", "3. Loss parity: accelerator vs CPU fp32", lambda s: parity.run(s, reference.result, fast)),
         ("throughput", "4. Train step per kernel: time, tokens/s, MFU", measure_throughput),
+        ("parity", "3. Loss parity: accelerator vs CPU fp32", measure_parity),
         ("memory", "5. Compiled memory and compile time vs the planner", measure_memory),
-    ):
-        sections.append(report.timed(key, title, body, log))
+    )
+    done: list[report.Section] = []
+    for key, title, body in order:
+        done.append(report.timed(key, title, body, log))
+    sections = sorted(done, key=lambda s: s.title)  # reported by number
     title = f"GPU check{' (smoke)' if options.smoke else ''}: {common.device_description()}"
     report.write(options.out_dir, title, sections, command=options.command)
     failed = sum(len(s.failures) for s in sections)

@@ -19,12 +19,13 @@ from typing import Any
 from zaya_jax.bench.gpu_check import cases, memory, parity, throughput
 
 
-def _parity_reference(spec: dict) -> list[float]:
-    return parity.reference_losses(int(spec["steps"]), bool(spec["fast_compile"]))
-
-
-def _plan_memory(spec: dict) -> dict:
-    return memory.planned_memory(cases.ConfigRef.from_json(spec["config"]), spec["hardware"])
+def _cpu_side(spec: dict) -> dict:
+    """The CPU work, one part after the other in one process (on an accelerator host it runs while the device
+    sections run, on one or two cores: little disturbance of the device's compile times): the parity reference
+    losses, then the planner's memory figures per config."""
+    reference = parity.reference_losses(int(spec["steps"]), bool(spec["fast_compile"]))
+    plans = {c["name"]: memory.planned_memory(cases.ConfigRef.from_json(c), spec["hardware"]) for c in spec["configs"]}
+    return {"reference": reference, "plans": plans}
 
 
 def _throughput_case(spec: dict) -> list[dict]:
@@ -40,8 +41,7 @@ def _throughput_case(spec: dict) -> list[dict]:
 
 
 JOBS: dict[str, Callable[[dict], Any]] = {
-    "parity_reference": _parity_reference,
-    "plan_memory": _plan_memory,
+    "cpu_side": _cpu_side,
     "throughput_case": _throughput_case,
 }
 JOB_TIMEOUT_S = 900
@@ -68,28 +68,35 @@ class Handle:
         return self._value
 
 
+def _failure_line(text: str) -> str:
+    """The line of a child's stderr that says what went wrong: the last one naming an error, else the last one."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    named = [x for x in lines if "Error" in x or "error" in x or "Unknown" in x]
+    return (named or lines or ["no output"])[-1][:300]
+
+
 def _spawned(name: str, spec: dict, command: Sequence[str], env: dict[str, str]) -> Handle:
     fd, out_path = tempfile.mkstemp(prefix=f"gpu_check_{name}_", suffix=".json")
     os.close(fd)
+    err_file = tempfile.TemporaryFile(mode="w+", encoding="utf-8")  # a file, not a pipe: a chatty child never blocks
     argv = [*command, f"--job={name}", f"--job_spec={json.dumps(spec)}", f"--job_out={out_path}"]
-    proc = subprocess.Popen(
-        argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=err_file, text=True)
 
     def wait() -> Any:
         try:
-            _, err = proc.communicate(timeout=JOB_TIMEOUT_S)
+            proc.wait(timeout=JOB_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.communicate()
+            proc.wait()
             raise RuntimeError(f"job {name} ran over {JOB_TIMEOUT_S} s") from None
         try:
             if proc.returncode != 0:
-                last = [x for x in (err or "").strip().splitlines() if x.strip()][-1:] or ["no output"]
-                raise RuntimeError(f"job {name} exited {proc.returncode}: {last[0][:300]}")
+                err_file.seek(0)
+                raise RuntimeError(f"job {name} exited {proc.returncode}: {_failure_line(err_file.read())}")
             with open(out_path, encoding="utf-8") as f:
                 return json.load(f)
         finally:
+            err_file.close()
             os.unlink(out_path)
 
     return Handle(wait)
