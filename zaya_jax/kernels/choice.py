@@ -64,6 +64,12 @@ class Kernels:
         """Dropless top-1 expert SwiGLU of one device's tokens: x [T, H] → g · expert(x) [T, H] fp32."""
         return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts)
 
+    @property
+    def collectives_as_bits(self) -> bool:
+        """Whether 2-byte collectives (the ZeRO-1 parameter all-gather) travel as uint16 bits: XLA:CPU runs bf16
+        collectives in fp32; GPUs move bf16 as it is."""
+        return self.platform == "cpu"
+
     def takes_expert_stacks(self) -> bool:
         """Whether `grouped_swiglu` reads the decoder's whole [L, E, ...] expert stacks (see `ExpertWeights`)."""
         return self.grouped_gemm == "loops"

@@ -50,12 +50,14 @@ def _by_chunk(group: Group, slots: jax.Array, fn) -> jax.Array:
     return fn(slots.reshape(chunks, -1, slots.shape[-1]), 1).reshape(-1, slots.shape[-1])
 
 
-def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype) -> tuple[jax.Array, jax.Array]:
+def all_gather(
+    group: Group, slots: jax.Array, flat: jax.Array, dtype, as_bits: bool = False
+) -> tuple[jax.Array, jax.Array]:
     """[s, S], [C] owned master weights → [n·s, S] (packed order), [n·C] everyone's, in `dtype`.
 
-    A gather only moves bits: 2-byte dtypes travel as uint16, so no backend widens them (XLA:CPU runs bf16
-    collectives in fp32)."""
-    bits = jnp.uint16 if jnp.dtype(dtype).itemsize == 2 else None
+    as_bits: 2-byte dtypes travel as uint16 (`Kernels.collectives_as_bits`: XLA:CPU runs bf16 collectives in
+    fp32; a gather only moves bits)."""
+    bits = jnp.uint16 if as_bits and jnp.dtype(dtype).itemsize == 2 else None
 
     def ag(x, axis=0):
         x = x.astype(dtype)

@@ -28,6 +28,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from zaya_jax import kernels
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
@@ -167,13 +168,13 @@ def _reduce_scatter(setup: Zero1Setup, packed: list, scattered: bool) -> list[tu
     return out
 
 
-def _gather_params(setup: Zero1Setup, params: Any, groups, dtype) -> Any:
-    """All-gather every group's updated master weights in `dtype` and write them into the (donated) previous
-    parameter tree `params`, layer by layer."""
+def _gather_params(setup: Zero1Setup, params: Any, groups, dtype, as_bits: bool) -> Any:
+    """All-gather every group's updated master weights in `dtype` (as uint16 bits where `as_bits`) and write them
+    into the (donated) previous parameter tree `params`, layer by layer."""
     old, values = dict(named_leaves(params)), {}
     for group, state in zip(setup.layout.groups, groups):
         shapes = local_shapes(setup.layout, group, setup.sizes)
-        slots, flat = dist.all_gather(group, state.master_slots, state.master_flat, dtype)
+        slots, flat = dist.all_gather(group, state.master_slots, state.master_flat, dtype, as_bits)
         values.update(unpack_slots(group.slots, slots, shapes, into=old))
         values.update(unpack_flat(group.flat, flat, shapes))
     return fill(params, values)
@@ -199,7 +200,7 @@ def zero1_local_step(
     local = [dist.local_group_state(g) for g in state.groups]
     compute = dtype_of(config.model.dtype)
     groups, grad_norm = dist.update(setup.layout.groups, local, grads, state.count, lrs, config.optimizer, compute)
-    params = _gather_params(setup, state.params, groups, compute)
+    params = _gather_params(setup, state.params, groups, compute, kernels.resolve(config.model).collectives_as_bits)
     biases, bal_state, metrics = balance_and_metrics(
         state.biases,
         state.balancing,
