@@ -57,6 +57,17 @@ def test_env_xla_flags_are_known_to_this_xla(env):
     assert proc.returncode == 0 and "Unknown flag" not in proc.stderr, proc.stderr[-2000:]
 
 
+@pytest.mark.parametrize("platform", ["rocm", "cuda"])
+def test_gpu_check_lowering_flags_are_known_to_this_xla(platform):
+    """launch.gpu_check runs a case with the platform's grouped-GEMM lowering flag: XLA must know its name."""
+    from zaya_jax.bench.gpu_check.cases import GROUPED_LOWERING_FLAG
+
+    code = "import jax; print(len(jax.devices()))"
+    env = {"XLA_FLAGS": f"{GROUPED_LOWERING_FLAG[platform]}=true", "JAX_PLATFORMS": "cpu"}
+    proc = _bash(f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}", env)
+    assert proc.returncode == 0 and "Unknown flag" not in proc.stderr, proc.stderr[-2000:]
+
+
 def test_gpu_envs_set_the_kernels_lowering_and_overlap_flags():
     """The grouped-GEMM lowering `auto` relies on (ROCm) and the collective overlap both envs need."""
     rocm = _bash('source launch/rocm/env.sh; echo "$XLA_FLAGS"').stdout

@@ -9,7 +9,9 @@ uses the `tiny` variant at its CPU size.
 Grouped-GEMM lowering flags (XLA reads XLA_FLAGS once per process, so a case that needs a different setting
 runs in a subprocess): XLA's default GPU lowering of `ragged_dot` pads it to a dense batched dot (openxla/xla PR
 #45996); ROCm has a hipBLASLt grouped GEMM behind `--xla_gpu_experimental_use_ragged_dot_grouped_gemm` (ROCm/xla
-PR #514), CUDA a Triton one behind `--xla_gpu_experimental_triton_ragged_dot`.
+PR #514); on CUDA this jaxlib's alternative is `--xla_gpu_experimental_use_ragged_dot_fusion` (a Triton flag named in
+newer XLA sources is unknown to jaxlib 0.10-0.12, and XLA aborts on an unknown flag; tests/test_rocm_launch.py
+checks these names).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from zaya_jax.config import load_config
 ZAYA1 = "experiments/zaya1.py"
 GROUPED_LOWERING_FLAG = {
     "rocm": "--xla_gpu_experimental_use_ragged_dot_grouped_gemm",
-    "cuda": "--xla_gpu_experimental_triton_ragged_dot",
+    "cuda": "--xla_gpu_experimental_use_ragged_dot_fusion",
 }
 ATTENTION_KERNELS = {"cpu": ("xla",), "rocm": ("xla",), "cuda": ("xla", "cudnn")}
 
