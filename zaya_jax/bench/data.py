@@ -1,9 +1,9 @@
 """Data preparation throughput against the tokenizer's own limit, its scaling over cores, and the loader's rate.
 
-Method: the embedded corpus (the Python standard library's `.py` files, one document each) is written as
-JSONL files; a byte-level BPE of 32,768 ids is trained on the default embedded corpus (`launch.train_tokenizer`,
-cached). Every measurement runs in its own fresh process, in rounds (each side once per round), with
-`RAYON_NUM_THREADS=1` so that a process uses one core for tokenizing:
+Method: the embedded corpus (the Python standard library's `.py` files, one document each, repeated up to the
+size asked for) is written as JSONL files; a byte-level BPE of 32,768 ids is trained on the default embedded
+corpus (`launch.train_tokenizer`, cached). Every measurement runs in its own fresh process, in rounds (each side
+once per round), with `RAYON_NUM_THREADS=1` so that a process uses one core for tokenizing:
 
 * `encode_batch`: the `tokenizers` library's `Tokenizer.encode_batch` on the same texts (already in memory, in
   batches of 64 like the preparation), pinned to one core (`os.sched_setaffinity`) — the limit of this step;
@@ -51,17 +51,21 @@ def bench_tokenizer(cache_dir: str) -> str:
 
 
 def write_corpus(directory: str, max_bytes: int) -> list[str]:
-    """The standard-library files (up to `max_bytes`) as `JSONL_FILES` JSONL files of one record per file."""
+    """About `max_bytes` of standard-library files as `JSONL_FILES` JSONL files of one record per file (the files
+    are repeated when the library holds less; repeats cost the tokenizer as much as new text)."""
     from zaya_jax.data import corpus
 
-    files = corpus.stdlib_files(max_bytes)
+    texts = []
+    for name in corpus.stdlib_files(max_bytes):
+        with open(name, encoding="utf-8", errors="replace") as f:
+            texts.append(f.read())
+    have = sum(len(t) for t in texts)
+    texts = texts * max(1, round(max_bytes / max(have, 1)))
     os.makedirs(directory, exist_ok=True)
     paths = [os.path.join(directory, f"part-{i}.jsonl") for i in range(JSONL_FILES)]
     for i, path in enumerate(paths):
         with open(path, "w", encoding="utf-8") as out:
-            for name in files[i::JSONL_FILES]:
-                with open(name, encoding="utf-8", errors="replace") as f:
-                    out.write(json.dumps({"text": f.read()}) + "\n")
+            out.writelines(json.dumps({"text": t}) + "\n" for t in texts[i::JSONL_FILES])
     return paths
 
 
