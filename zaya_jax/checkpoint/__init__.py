@@ -19,8 +19,6 @@ _EXPORTS = {
     "CorruptCheckpointError": "errors",
     "WorkdirLockedError": "errors",
     "DirLock": "lock",
-    "add_to": "defaults",
-    "validate": "defaults",
     "EventLog": "events",
     "Heartbeat": "events",
     "read_events": "events",

@@ -134,10 +134,6 @@ class Checkpointer:
         """Finalized (committed) steps on disk, ascending."""
         return sorted(ocp_step.checkpoint_steps(self.directory))
 
-    def latest_step(self) -> int | None:
-        steps = self.committed_steps()
-        return steps[-1] if steps else None
-
     def step_dir(self, step: int) -> str:
         return os.path.join(self.directory, str(step))
 

@@ -29,7 +29,6 @@ of the layer or expert count.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import numpy as np
 
@@ -227,7 +226,3 @@ def overlap_chunks(bins_per_layer: tuple[int, ...], devices: tuple[int, ...], nu
         if all(rows(b, n, chunks) <= (1 + OVERLAP_PADDING) * rows(b, n, 1) for b, n in zip(bins_per_layer, devices)):
             return chunks
     return 1
-
-
-def group_devices(sizes: dict[str, int], axes: tuple[str, ...]) -> int:
-    return math.prod(sizes[a] for a in axes)

@@ -14,7 +14,6 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from zaya_jax.kernels import matmul as matmul_kernels
 
@@ -25,17 +24,6 @@ class LossSums(NamedTuple):
     ce: jax.Array  # [] fp32 summed cross-entropy (nats)
     z: jax.Array  # [] fp32 summed logsumexp²
     tokens: jax.Array  # [] fp32 number of tokens that count
-
-
-def lm_loss_sums(logits: jax.Array, labels: jax.Array, loss_mask: jax.Array) -> LossSums:
-    """logits: [B, S, V] (cast to fp32), labels: [B, S] int, loss_mask: [B, S] (1 = counts) → LossSums."""
-    chex.assert_rank(logits, 3)
-    chex.assert_equal_shape([labels, loss_mask])
-    logits = logits.astype(jnp.float32)
-    mask = loss_mask.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    return LossSums(jnp.sum(ce * mask), jnp.sum(lse * lse * mask), jnp.sum(mask))
 
 
 def objective(sums: LossSums, z_loss: float) -> jax.Array:
