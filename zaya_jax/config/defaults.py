@@ -30,6 +30,9 @@ GEOMETRY_FIELDS = (
 # concrete ones; "dropless" runs the grouped expert GEMMs of `model.kernels.grouped_gemm`
 DISPATCHES = ("auto", "dense", "dropless", "capacity", "ep")
 CONCRETE_DISPATCHES = DISPATCHES[1:]
+# the dispatches that never drop a token, on any layout (inference and evaluation run one of them; "auto" drops
+# only where it resolves to "ep", under an expert axis > 1)
+DROPLESS_DISPATCHES = ("dropless", "dense")
 # Kernels (zaya_jax/kernels/): the platform a program is built for and one implementation per kernel; "auto"
 # resolves once, when the model is built, from `model.kernels.platform` (docs/kernels.md)
 KERNEL_PLATFORMS = ("auto", "cpu", "cuda", "rocm")

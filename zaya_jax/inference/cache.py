@@ -30,11 +30,10 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
+from zaya_jax.config import DROPLESS_DISPATCHES
 from zaya_jax.model import abstract_model, layers
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.zaya import DecoderLayer, Zaya
-
-DROPLESS = ("dropless", "dense")
 
 
 class DecodeCache(NamedTuple):
@@ -77,13 +76,13 @@ def dropless(model: Zaya, dispatch: str | None = None) -> Zaya:
     """The same weights with a dropless MoE dispatch (§7), so that results do not depend on which other
     tokens (padding, other rows) share the batch. Returns `model` itself if it is already dropless.
 
-    dispatch: "dropless" | "dense" | None (= keep a dropless one, else "dropless").
+    dispatch: one of `DROPLESS_DISPATCHES` ("dropless" | "dense") | None (= keep a dropless one, else "dropless").
     """
     current = model.cfg.dispatch
     if dispatch is None:
-        dispatch = current if current in DROPLESS else "dropless"
-    if dispatch not in DROPLESS:
-        raise ValueError(f"dispatch={dispatch!r} is not dropless; choose one of {DROPLESS}")
+        dispatch = current if current in DROPLESS_DISPATCHES else "dropless"
+    if dispatch not in DROPLESS_DISPATCHES:
+        raise ValueError(f"dispatch={dispatch!r} is not dropless; choose one of {DROPLESS_DISPATCHES}")
     if dispatch == current:
         return model
     return nnx.merge(_graphdef_with_dispatch(model.cfg, dispatch), nnx.state(model))

@@ -11,8 +11,10 @@ for every dispatch.
 * `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (drops overflow, counted).
 * `ep`: expert parallelism over the `expert` mesh axis with a fixed-capacity `all_to_all`
   (`zaya_jax.model.expert_parallel`; drops overflow, counted).
-* `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise `dropless`. It never drops a
-  token unless the layout splits experts.
+* `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise `dropless`.
+
+The dropless dispatches, those that never drop a token on any layout, are `config.defaults.DROPLESS_DISPATCHES`
+(`dropless`, `dense`); `auto` drops only where it resolves to `ep`.
 
 Every matmul takes compute-dtype operands and accumulates in fp32; dispatch outputs are fp32 (they feed
 the fp32 residual stream, §9).

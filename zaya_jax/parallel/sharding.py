@@ -1,8 +1,9 @@
 """The one place that maps logical axes to mesh axes: parameters, optimizer state and activations.
 
 Every parameter carries logical axis names from where it is created (`zaya_jax.model.layers.param`), e.g.
-the routed-expert kernel `layers/moe/w_in` is ("layers", "experts", "embed", "mlp_gate_up"). `RULES` maps
-logical names to mesh axes; a name without a rule is replicated, a parameter without names is an error.
+the routed-expert kernel `layers/moe/w_in` is ("layers", "experts", "embed", "mlp_gate_up"). `PARAM_AXIS_RULES`
+lists every logical name once with the mesh axes it is split over (`RULES`: the same table per rule set); a name
+without a rule is replicated, an unknown name or a parameter without names is an error.
 
 * params, `zero1` (the paper's scheme, arXiv 2511.17127 §2) and `replicated`: replicated, except routed
   experts split over `expert` (expert parallelism, when that axis is > 1);
@@ -28,31 +29,35 @@ from zaya_jax.config import PARAM_SHARDINGS
 from zaya_jax.keys import path_name
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, active_mesh, in_manual_region
 
-LOGICAL_AXES = frozenset(
-    {
-        "layers",
-        "vocab",
-        "embed",
-        "q_heads",
-        "kv_heads",
-        "kv_half",
-        "kv_groups",
-        "conv_taps",
-        "qk",
-        "qk_groups",
-        "head_in",
-        "head_out",
-        "router",
-        "router_out",
-        "classes",
-        "experts",
-        "mlp",
-        "mlp_gate_up",
-    }
-)
+# Every logical axis a parameter may carry, with the mesh axes it is split over per rule set ("param": the
+# `zero1` and `replicated` modes; "fsdp"); a rule set that does not name the axis replicates it.
+PARAM_AXIS_RULES: dict[str, dict[str, tuple[str, ...]]] = {
+    "layers": {},
+    "vocab": {},
+    "embed": {"fsdp": ("data",)},
+    "q_heads": {},
+    "kv_heads": {},
+    "kv_half": {},
+    "kv_groups": {},
+    "conv_taps": {},
+    "qk": {},
+    "qk_groups": {},
+    "head_in": {},
+    "head_out": {},
+    "router": {},
+    "router_out": {},
+    "classes": {},
+    "experts": {"param": ("expert",), "fsdp": ("expert",)},
+    "mlp": {},
+    "mlp_gate_up": {},
+}
+LOGICAL_AXES = frozenset(PARAM_AXIS_RULES)
+# rule set → {logical axis: mesh axes}, the parameter sets derived from the table above
 RULES: dict[str, dict[str, tuple[str, ...]]] = {
-    "param": {"experts": ("expert",)},
-    "fsdp": {"experts": ("expert",), "embed": ("data",)},
+    **{
+        rule_set: {name: rules[rule_set] for name, rules in PARAM_AXIS_RULES.items() if rule_set in rules}
+        for rule_set in ("param", "fsdp")
+    },
     "activation": {"batch": BATCH_AXES, "seq": ("context",)},
 }
 PARAM_MODES = PARAM_SHARDINGS  # `train.param_sharding` names
@@ -70,7 +75,7 @@ def logical_axes(var: nnx.Variable, where: str = "") -> tuple[str | None, ...]:
     if unknown:
         raise ValueError(
             f"parameter {where}: unknown logical axes {unknown}; add them to "
-            "zaya_jax.parallel.sharding.LOGICAL_AXES (and a rule if they should be split)"
+            "zaya_jax.parallel.sharding.PARAM_AXIS_RULES (with a rule if they should be split)"
         )
     return tuple(names)
 

@@ -14,6 +14,8 @@ from typing import Any, Sequence
 import ml_collections
 import numpy as np
 
+from zaya_jax.config import DROPLESS_DISPATCHES
+
 LEGEND = (
     "progress: loss = training cross-entropy (nats/token) | tok/s = tokens per second | "
     "worst CV = highest per-layer expert-load coefficient of variation (0 = perfectly even; "
@@ -59,8 +61,9 @@ class BalanceMonitor:
                 "(a router that prefers one expert strongly needs a larger bias range)"
             )
         return (
-            f"raise model.capacity_factor (now {self.capacity_factor}) or use a dropless dispatch "
-            f"(model.dispatch=dropless; now {self.dispatch}); dropped tokens skip the MoE block"
+            f"raise model.capacity_factor (now {self.capacity_factor}) or use a dispatch that drops nothing "
+            f"(model.dispatch=dropless; now {self.dispatch}; dropless: {', '.join(DROPLESS_DISPATCHES)}); "
+            "dropped tokens skip the MoE block"
         )
 
     def update(self, step: int, row: dict[str, Any]) -> list[str]:
