@@ -6,9 +6,9 @@
 
 * Flag and config problems (a missing config file, an unknown or misspelt `--config.*` field, a bad flag
   value) are caught while flags are parsed and reported as `PROG: error: ...` on one line.
-* Errors the library raises for bad input or a failed operation (ConfigError, DataError, CheckpointError,
-  LoadError, HFConversionError) are reported the same way; `--verbose` adds the traceback. Anything else is
-  a bug or a crash and keeps its traceback.
+* Errors the library raises for bad input or a failed operation (`zaya_jax.errors.ZayaError`: ConfigError,
+  CheckpointError, LoadError, HFConversionError, ...; and DataError) are reported the same way; `--verbose`
+  adds the traceback. Anything else is a bug or a crash and keeps its traceback.
 * Exit codes: 0 success; EXIT_FAILURE (1) a failure that running again may not repeat (an I/O error during
   a save, a crash); EXIT_BAD_INPUT (78, sysexits' EX_CONFIG) bad input or usage: the same command fails the
   same way again, so `launch.supervise` does not restart it.
@@ -38,20 +38,16 @@ from typing import Callable, NoReturn
 from absl import app, flags
 
 from zaya_jax.checkpoint.orphan import watch_supervisor
+from zaya_jax.errors import ZayaError
 
 EXIT_FAILURE, EXIT_BAD_INPUT = 1, 78
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OWN_DIRS = tuple(os.path.join(_REPO, name) + os.sep for name in ("zaya_jax", "launch"))
 USER_CACHE = os.path.join("~", ".cache", "zaya_jax", "xla_cache")  # launchers without a workdir
 USER_CACHE_MAX_BYTES = 8 << 30  # least recently used entries of the per-user cache go beyond this
-# (module, class) of the library's one-line errors; a class can only be raised once its module is imported
-_KNOWN = (
-    ("zaya_jax.config", "ConfigError"),
-    ("zaya_jax.data.tokenizer", "DataError"),
-    ("zaya_jax.checkpoint.errors", "CheckpointError"),
-    ("zaya_jax.hf.config", "HFConversionError"),
-    ("zaya_jax.inference.loading", "LoadError"),
-)
+# (module, class) of one-line errors that do not derive from ZayaError yet; a class can only be raised once its
+# module is imported, so it is looked up there (importing zaya_jax.data here would pull in its dependencies)
+_NOT_YET_ZAYA_ERRORS = (("zaya_jax.data.tokenizer", "DataError"),)
 
 
 def _close_progress_bars() -> None:
@@ -95,7 +91,9 @@ def require_numbers(
 
 
 def known_errors() -> tuple[type, ...]:
-    return tuple(getattr(sys.modules[m], name) for m, name in _KNOWN if m in sys.modules)
+    """The error types a launcher reports in one line: ZayaError (and the listed ones whose module is loaded)."""
+    loaded = (getattr(sys.modules[m], name) for m, name in _NOT_YET_ZAYA_ERRORS if m in sys.modules)
+    return (ZayaError, *(cls for cls in loaded if not issubclass(cls, ZayaError)))
 
 
 def exit_code(err: BaseException) -> int:

@@ -123,7 +123,18 @@ def test_presets_differ_and_share_one_default_tree():
     assert configs["tiny"].model.vocab_size == configs["demo"].model.vocab_size == 384  # byte-level tokens
     # base keeps the released architecture: the default model section up to dtype / remat
     base = configs["base"].model.to_dict()
-    assert {k for k, v in default_config().model.items() if base[k] != v} == {"dtype", "remat"}
+    assert {k for k, v in default_config().model.to_dict().items() if base[k] != v} == {"dtype", "remat"}
+
+
+def test_every_variant_names_every_geometry_field():
+    from zaya_jax.config import GEOMETRY_FIELDS, config_module
+
+    zaya1 = config_module(ZAYA1)
+    assert zaya1.Geometry._fields == (*GEOMETRY_FIELDS, "max_position_embeddings")
+    for name, geometry in zaya1.GEOMETRY.items():
+        assert load_config(f"{ZAYA1}:{name}").model.hidden_size == geometry.hidden_size
+    with pytest.raises(TypeError, match="num_layers"):  # a variant cannot leave a size out
+        zaya1.Geometry(**{f: 1 for f in zaya1.Geometry._fields if f != "num_layers"})
 
 
 def test_variant_extras_override_fields():
@@ -139,14 +150,14 @@ def test_variant_extras_override_fields():
 # ----------------------------------------------------------------------------- the config layer
 
 
-def test_config_package_imports_nothing_else_of_zaya_jax():
+def test_config_package_imports_nothing_else_of_zaya_jax():  # but the error base class
     import subprocess
     import sys
 
     code = (
         "import sys, zaya_jax.config as c; c.validate(c.default_config()); "
         "print(sorted(m for m in sys.modules if m.startswith('zaya_jax') and not m.startswith('zaya_jax.config')"
-        " and m != 'zaya_jax'), 'jax' in sys.modules)"
+        " and m not in ('zaya_jax', 'zaya_jax.errors')), 'jax' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "False"]

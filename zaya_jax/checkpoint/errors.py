@@ -1,4 +1,4 @@
-"""Error types of the checkpoint package (no jax import).
+"""Error types of the checkpoint package (no jax import), `zaya_jax.errors.ZayaError`s.
 
 `permanent` tells a launcher (and through its exit code, `launch.supervise`) whether running the same
 command again can succeed: a failed save on a flaky disk may, a config that does not match the checkpoint
@@ -7,8 +7,10 @@ or a workdir held by another trainer will not.
 
 from __future__ import annotations
 
+from zaya_jax.errors import ZayaError
 
-class CheckpointError(ValueError):
+
+class CheckpointError(ZayaError, ValueError):
     """A checkpoint cannot be saved, found or restored; the one-line message names what and where."""
 
     permanent = False

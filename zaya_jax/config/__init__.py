@@ -1,9 +1,9 @@
 """Configuration: one `ml_collections.ConfigDict` tree, its defaults and its validation — a layer of its own.
 
-This package imports nothing else of `zaya_jax`: every section's defaults and every choice name live in
-`defaults.py`, every check in `validate.py`. Experiment files (`experiments/`) expose `get_config(arg=None)`
-that starts from `default_config()` and overrides fields; `validate(config)` runs once when a config is
-loaded (`load_config`, the launchers) and raises `ConfigError` with one line naming the field and the fix.
+This package imports nothing else of `zaya_jax` but the error base class (`zaya_jax.errors`): every section's defaults
+and every choice name live in `defaults.py`, every check in `validate.py`. Experiment files (`experiments/`) expose
+`get_config(arg=None)` that starts from `default_config()` and overrides fields; `validate(config)` runs once when a
+config is loaded (`load_config`, the launchers) and raises `ConfigError` with one line naming the field and the fix.
 Nothing edits a config after it has been validated.
 """
 

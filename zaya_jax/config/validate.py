@@ -1,14 +1,16 @@
 """`validate(config)`: every section checked in one place; each error is one `ConfigError` line naming the
-field and the fix. Pure: imports nothing of the package but the defaults (choice names) next to it."""
+field and the fix. Pure: imports nothing of the package but the defaults (choice names) next to it and the
+error base class."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from zaya_jax.config import defaults as choices
+from zaya_jax.errors import ZayaError
 
 
-class ConfigError(ValueError):
+class ConfigError(ZayaError, ValueError):
     """A configuration value is invalid; the message names the field and what to do."""
 
 

@@ -14,9 +14,10 @@ from typing import Any
 import ml_collections
 
 from zaya_jax.config import ConfigError, model_config, validate_model
+from zaya_jax.errors import ZayaError
 
 
-class HFConversionError(ValueError):
+class HFConversionError(ZayaError, ValueError):
     """A Hugging Face checkpoint or config cannot be converted; the message names the file, tensor or field."""
 
 

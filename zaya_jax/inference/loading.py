@@ -8,10 +8,11 @@ import os
 import ml_collections
 
 from zaya_jax.data.tokenizer import Tokenizer, load_tokenizer
+from zaya_jax.errors import ZayaError
 from zaya_jax.model.zaya import Zaya
 
 
-class LoadError(RuntimeError):
+class LoadError(ZayaError, RuntimeError):
     """The model cannot be loaded; the message says why and what to pass instead."""
 
 
