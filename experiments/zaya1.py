@@ -30,22 +30,102 @@ from __future__ import annotations
 
 import ast
 import os
+from typing import NamedTuple
 
 import ml_collections
 
-from zaya_jax.config import GEOMETRY_FIELDS as MODEL_GEOMETRY
 from zaya_jax.config import ConfigError, default_config
 
+
 # ---------------------------------------------------------------------------- the variants
-# geometry: vocab, hidden, layers, q heads, kv heads, head dim, experts, expert width, router width, max positions
-GEOMETRY_FIELDS = (*MODEL_GEOMETRY, "max_position_embeddings")
+class Geometry(NamedTuple):
+    """The sizes of a variant, each named: `zaya_jax.config.GEOMETRY_FIELDS` and the positions (all required)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_experts: int
+    moe_intermediate_size: int  # expert width
+    router_hidden_size: int
+    max_position_embeddings: int
+
+
 GEOMETRY = {
-    "tiny": (384, 64, 2, 4, 2, 16, 4, 64, 16, 1024),  # vocab: the byte tokenizer's 259 ids padded to 128s
-    "demo": (384, 128, 4, 4, 2, 32, 8, 128, 32, 1024),
-    "100m": (8192, 512, 8, 4, 2, 128, 16, 512, 128, 4096),
-    "h1024": (8192, 1024, 4, 8, 2, 128, 8, 1024, 256, 4096),
-    "1b": (32_768, 2048, 5, 8, 2, 128, 16, 2048, 256, 4096),  # ZAYA1-base's layer; 1.1B total (launch.gpu_check)
-    "base": (262_272, 2048, 40, 8, 2, 128, 16, 2048, 256, 32_768),  # = model_config(), docs/architecture.md §1
+    "tiny": Geometry(
+        vocab_size=384,  # the byte tokenizer's 259 ids padded to 128s
+        hidden_size=64,
+        num_layers=2,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        num_experts=4,
+        moe_intermediate_size=64,
+        router_hidden_size=16,
+        max_position_embeddings=1024,
+    ),
+    "demo": Geometry(
+        vocab_size=384,
+        hidden_size=128,
+        num_layers=4,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        num_experts=8,
+        moe_intermediate_size=128,
+        router_hidden_size=32,
+        max_position_embeddings=1024,
+    ),
+    "100m": Geometry(
+        vocab_size=8192,
+        hidden_size=512,
+        num_layers=8,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=128,
+        num_experts=16,
+        moe_intermediate_size=512,
+        router_hidden_size=128,
+        max_position_embeddings=4096,
+    ),
+    "h1024": Geometry(
+        vocab_size=8192,
+        hidden_size=1024,
+        num_layers=4,
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        num_experts=8,
+        moe_intermediate_size=1024,
+        router_hidden_size=256,
+        max_position_embeddings=4096,
+    ),
+    "1b": Geometry(  # ZAYA1-base's layer; 1.1B total (launch.gpu_check)
+        vocab_size=32_768,
+        hidden_size=2048,
+        num_layers=5,
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        num_experts=16,
+        moe_intermediate_size=2048,
+        router_hidden_size=256,
+        max_position_embeddings=4096,
+    ),
+    "base": Geometry(  # = model_config(), docs/architecture.md §1
+        vocab_size=262_272,
+        hidden_size=2048,
+        num_layers=40,
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=128,
+        num_experts=16,
+        moe_intermediate_size=2048,
+        router_hidden_size=256,
+        max_position_embeddings=32_768,
+    ),
 }
 # everything else a variant sets, by section
 SETTINGS: dict[str, dict[str, dict]] = {
@@ -80,7 +160,7 @@ SETTINGS: dict[str, dict[str, dict]] = {
 def variant(name: str) -> ml_collections.ConfigDict:
     """`default_config()` with the geometry and settings of size variant `name` (a key of GEOMETRY)."""
     config = default_config()
-    config.model.update(dict(zip(GEOMETRY_FIELDS, GEOMETRY[name])))
+    config.model.update(GEOMETRY[name]._asdict())
     for section, values in SETTINGS[name].items():
         config[section].update(values)
     return config
