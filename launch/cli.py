@@ -37,6 +37,7 @@ from typing import Callable, NoReturn
 
 from absl import app, flags
 
+from launch import cpu_devices
 from zaya_jax.checkpoint.orphan import watch_supervisor
 from zaya_jax.errors import ZayaError
 
@@ -202,8 +203,6 @@ def compilation_cache(configured: str = "", default: str = USER_CACHE) -> str | 
 
 def _setup_host() -> None:
     """Emulated CPU devices and the compilation cache, from the parsed flags (before `main`)."""
-    from launch import cpu_devices
-
     cpu_devices.apply_flag()
     configured = ""
     for name in _config_flag_names():

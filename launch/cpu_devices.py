@@ -9,6 +9,8 @@
   a program (`python -m launch.X`) is re-executed once with glibc's huge-page tunable for large malloc blocks
   (`zaya_jax.host_memory`: ≈ 450k fewer page faults and ≈ 15–20% less time per 100M-model step);
   $ZAYA_DEFAULT_MALLOC=1 turns that off.
+
+`python -m launch.host_setup [--cpu_devices=N]` prints the host setup a launcher gets.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import os
 import re
 import sys
+
+from absl import flags
 
 from zaya_jax import host_memory
 from zaya_jax.checkpoint.elastic import NUM_CPU_DEVICES_ENV
@@ -53,15 +57,13 @@ def emulate(count: int, *, explicit: bool = True) -> None:
     inherited count alone; 0 does nothing."""
     if count <= 0 or (not explicit and inherited_count() is not None):
         return
-    import jax
+    import jax  # a launcher imports this module before jax: `prepare_host` may re-execute the process first
 
     jax.config.update("jax_num_cpu_devices", int(count))
 
 
 def define_flag(default: int | None, help_text: str | None = None) -> None:
     """Define --cpu_devices (default `default`; None = the launcher decides in `main`)."""
-    from absl import flags
-
     flags.DEFINE_integer(
         "cpu_devices",
         default,
@@ -74,25 +76,5 @@ def define_flag(default: int | None, help_text: str | None = None) -> None:
 
 def apply_flag() -> None:
     """`emulate(--cpu_devices)` if the launcher defines the flag and it has a value."""
-    from absl import flags
-
     if "cpu_devices" in flags.FLAGS and flags.FLAGS.cpu_devices is not None:
         emulate(flags.FLAGS.cpu_devices, explicit=flags.FLAGS["cpu_devices"].present)
-
-
-if __name__ == "__main__":  # python -m launch.cpu_devices [--cpu_devices=N]: show the host setup a launcher gets
-    prepare_host()
-    from launch import cli
-
-    define_flag(8)
-
-    def _show(argv):
-        del argv
-        import jax
-
-        print(f"GLIBC_TUNABLES={os.environ.get('GLIBC_TUNABLES', '')}")
-        print(f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')}")
-        print(f"jax_num_cpu_devices={jax.config.jax_num_cpu_devices}")
-        print(f"devices={jax.device_count()} ({jax.default_backend()})")
-
-    cli.run(_show, "cpu_devices")

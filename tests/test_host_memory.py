@@ -90,7 +90,7 @@ def test_default_malloc_env_drops_the_tunable_and_keeps_the_rest():
 def test_launcher_restarts_itself_once_with_the_tunable():
     # an inherited XLA_FLAGS device count loses to an explicit --cpu_devices (issue: plan --cpu_devices=64 failed)
     out = subprocess.run(
-        [sys.executable, "-m", "launch.cpu_devices", "--cpu_devices=16"],
+        [sys.executable, "-m", "launch.host_setup", "--cpu_devices=16"],
         cwd=ROOT,
         env=_clean_env(XLA_FLAGS="--xla_force_host_platform_device_count=8"),
         capture_output=True,
@@ -101,7 +101,7 @@ def test_launcher_restarts_itself_once_with_the_tunable():
     assert (host_memory.TUNABLE in out) == expect, out
     assert "devices=16 (cpu)" in out, out
     default = subprocess.run(
-        [sys.executable, "-m", "launch.cpu_devices"],
+        [sys.executable, "-m", "launch.host_setup"],
         cwd=ROOT,
         capture_output=True,
         text=True,
