@@ -128,6 +128,19 @@ def test_rocm_flag_in_the_environment_makes_the_grouped_lowering_the_default(mon
     assert not cases.flag_state(flag, f"{flag}=true {flag}=false") and cases.flag_state(flag, flag)
 
 
+def test_defaults_of_every_config_first_then_kernel_by_kernel(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "")
+    refs = [cases.ConfigRef(n, "tiny", cases.BF16 + (("model.kernels.platform", "rocm"),)) for n in ("a", "b")]
+    assert [p.label for p in throughput.plan_cases(refs, "rocm", tokamax=False)] == [
+        "a ragged_dot (XLA default lowering) (default)",
+        "b ragged_dot (XLA default lowering) (default)",
+        "a ragged_dot (grouped lowering flag)",
+        "b ragged_dot (grouped lowering flag)",
+        "a capacity",
+        "b capacity",
+    ]
+
+
 def test_failed_section_is_a_failed_check_in_the_report(tmp_path):
     def crash(section):
         section.add("case", "value", 1.5, "s")

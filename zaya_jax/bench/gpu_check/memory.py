@@ -15,7 +15,7 @@ import jax
 
 from zaya_jax import hlo_text, plan, sizing
 from zaya_jax.bench.gpu_check.cases import ConfigRef
-from zaya_jax.bench.gpu_check.report import Section
+from zaya_jax.bench.gpu_check.report import Section, sig
 
 GiB = 2**30
 
@@ -74,18 +74,18 @@ def run(section: Section, configs: Sequence[ConfigRef], plans: dict[str, Callabl
         predicted = plans[config.name]()
         compiled = _value(measured, default, "compiled_peak") if default else None
         add = section.add
-        add(config.name, "planned_peak", round(predicted["peak"] / GiB, 3), "GiB")
-        add(config.name, "planned_peak_accelerator", round(predicted["peak_without_cpu_copies"] / GiB, 3), "GiB")
-        add(config.name, "plan_s", round(predicted["plan_s"], 2), "s", note="lower + compile on the CPU")
+        add(config.name, "planned_peak", sig(predicted["peak"] / GiB), "GiB")
+        add(config.name, "planned_peak_accelerator", sig(predicted["peak_without_cpu_copies"] / GiB), "GiB")
+        add(config.name, "plan_s", sig(predicted["plan_s"]), "s", note="lower + compile on the CPU")
         if compiled is None:
             add(config.name, "compiled_peak", "", note="the default case did not compile (section 4)")
             continue
         add(config.name, "compiled_peak", compiled, "GiB")
-        add(config.name, "compiled_over_planned", round(compiled * GiB / predicted["peak"], 3))
+        add(config.name, "compiled_over_planned", sig(compiled * GiB / predicted["peak"]))
         add(
             config.name,
             "compiled_over_planned_accelerator",
-            round(compiled * GiB / predicted["peak_without_cpu_copies"], 3),
+            sig(compiled * GiB / predicted["peak_without_cpu_copies"]),
         )
         for metric in ("setup_s", "compile_s"):
             value = _value(measured, default, metric)

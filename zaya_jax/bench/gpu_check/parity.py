@@ -21,7 +21,7 @@ import jax
 import ml_collections
 
 from zaya_jax.bench.gpu_check import cases, steps
-from zaya_jax.bench.gpu_check.report import FAIL, PASS, Section
+from zaya_jax.bench.gpu_check.report import FAIL, PASS, Section, sig
 from zaya_jax.config import load_config
 
 STEPS = 10
@@ -61,20 +61,20 @@ def run(section: Section, reference: Callable[[], list[float]], fast_compile: bo
     on_cpu = jax.default_backend() == "cpu"
     dtypes = ["bfloat16"] if on_cpu else ["float32", "bfloat16"]  # fp32 on the CPU *is* the reference
     ref = reference()
-    section.add("cpu float32 (reference)", "loss_first", round(ref[0], 6))
-    section.add("cpu float32 (reference)", "loss_last", round(ref[-1], 6))
+    section.add("cpu float32 (reference)", "loss_first", sig(ref[0], 7))
+    section.add("cpu float32 (reference)", "loss_last", sig(ref[-1], 7))
     section.notes.append("reference losses: " + ", ".join(f"{x:.5f}" for x in ref))
     for dtype in dtypes:
         got = losses(dtype, len(ref), fast_compile)
         case = f"{jax.default_backend()} {dtype}"
         diff = max(abs(a - b) for a, b in zip(got, ref))
         ok = math.isfinite(diff) and diff <= TOLERANCE[dtype]
-        section.add(case, "loss_first", round(got[0], 6))
-        section.add(case, "loss_last", round(got[-1], 6))
+        section.add(case, "loss_first", sig(got[0], 7))
+        section.add(case, "loss_last", sig(got[-1], 7))
         section.add(
             case,
             "max_abs_diff",
-            float(f"{diff:.3g}"),
+            sig(diff, 3),
             "nats",
             PASS if ok else FAIL,
             f"tolerance {TOLERANCE[dtype]} over {len(ref)} steps",

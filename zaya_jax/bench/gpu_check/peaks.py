@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from zaya_jax import sizing
 from zaya_jax.bench import gemm, membw
-from zaya_jax.bench.gpu_check.report import Section
+from zaya_jax.bench.gpu_check.report import Section, sig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +40,13 @@ def run(section: Section, sizes: PeakSizes) -> float:
     best = 0.0
     for size in sizes.gemm_sizes:
         peak = gemm.measure_gemm_peak(jnp.bfloat16, size=size, warmup=sizes.warmup, trials=sizes.trials)
-        section.add(f"gemm bf16 {size}^3", "tflops_best", round(peak / 1e12, 3), "TFLOP/s")
+        section.add(f"gemm bf16 {size}^3", "tflops_best", sig(peak / 1e12), "TFLOP/s")
         best = max(best, peak)
     sheet = datasheet_peak()
-    section.add("gemm bf16 peak", "tflops_best", round(best / 1e12, 3), "TFLOP/s")
+    section.add("gemm bf16 peak", "tflops_best", sig(best / 1e12), "TFLOP/s")
     if sheet:
-        section.add("gemm bf16 peak", "datasheet", round(sheet / 1e12, 1), "TFLOP/s")
-        section.add("gemm bf16 peak", "fraction_of_datasheet", round(best / sheet, 4))
+        section.add("gemm bf16 peak", "datasheet", sig(sheet / 1e12), "TFLOP/s")
+        section.add("gemm bf16 peak", "fraction_of_datasheet", sig(best / sheet))
     hw = sizing.hardware_for_device(jax.devices()[0].device_kind)
     rows = membw.benchmark(
         ("copy", "triad"),
@@ -57,10 +57,10 @@ def run(section: Section, sizes: PeakSizes) -> float:
     )
     for r in rows:  # membw checks each kernel against NumPy first (AssertionError = a failed section)
         case = f"{r['kernel']} {r['array_bytes'] >> 20} MiB f32"
-        section.add(case, "GBps_best", round(r["GBps_best"], 1), "GB/s")
-        section.add(case, "GBps_median", round(r["GBps"], 1), "GB/s")
+        section.add(case, "GBps_best", sig(r["GBps_best"]), "GB/s")
+        section.add(case, "GBps_median", sig(r["GBps"]), "GB/s")
         if hw is not None:
-            section.add(case, "fraction_of_datasheet", round(r["GBps_best"] * 1e9 / hw.hbm_bandwidth, 4))
+            section.add(case, "fraction_of_datasheet", sig(r["GBps_best"] * 1e9 / hw.hbm_bandwidth))
     if hw is not None:
         section.notes.append(f"data sheet: {hw.describe()}")
     else:

@@ -26,6 +26,11 @@ def row(section: str, case: str, metric: str, value: Any, unit: str = "", check:
     return dict(section=section, case=case, metric=metric, value=value, unit=unit, check=check, note=note)
 
 
+def sig(x: float, digits: int = 4) -> float:
+    """`x` to `digits` significant digits (report values; NaN and inf unchanged)."""
+    return float(f"{x:.{digits}g}")
+
+
 def one_line(err: BaseException) -> str:
     """`Type: first line of the message` (XLA errors carry pages of HLO after the first line)."""
     text = str(err).strip().splitlines()

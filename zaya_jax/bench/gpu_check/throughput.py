@@ -22,7 +22,7 @@ from zaya_jax import kernels
 from zaya_jax.bench import moe
 from zaya_jax.bench.gpu_check import cases as cases_lib
 from zaya_jax.bench.gpu_check import steps
-from zaya_jax.bench.gpu_check.report import ERROR, FAIL, PASS, Section, one_line, row
+from zaya_jax.bench.gpu_check.report import ERROR, FAIL, PASS, Section, one_line, row, sig
 from zaya_jax.model.flops import train_flops_per_token
 
 GiB = 2**30
@@ -60,13 +60,15 @@ def _signature(config: cases_lib.ConfigRef, case: cases_lib.Case, platform: str)
 
 
 def plan_cases(configs: list[cases_lib.ConfigRef], platform: str, *, tokamax: bool) -> list[Planned]:
-    """Every config's distinct kernel cases; the one `auto` runs on this host is first and marked default
-    (defaults of all configs come before the other cases, so a time budget cuts alternatives, not defaults)."""
+    """Every config's distinct kernel cases; the one `auto` runs on this host is marked default. Order: the defaults
+    of all configs, then the others kernel by kernel (each config in turn), so a time budget cuts the last
+    alternatives, never a default, and every kernel gets a first config early."""
+    kinds = cases_lib.kernel_cases(platform, tokamax=tokamax)
     defaults, others = [], []
-    for config in configs:
+    for rank, config in enumerate(configs):
         auto = _signature(config, cases_lib.Case("auto", ()), platform)
         seen = set()
-        for case in cases_lib.kernel_cases(platform, tokamax=tokamax):
+        for order, case in enumerate(kinds):
             try:
                 sig = _signature(config, case, platform)
             except Exception:  # noqa: BLE001 — a config the case cannot build: `measure` reports its error
@@ -75,10 +77,10 @@ def plan_cases(configs: list[cases_lib.ConfigRef], platform: str, *, tokamax: bo
                 continue
             seen.add(sig)
             default = sig == auto
-            sub = cases_lib.needs_subprocess(case, platform)
             label = f"{config.name} {case.label}" + (" (default)" if default else "")
-            (defaults if default else others).append(Planned(config, case, label, default, sub))
-    return defaults + others
+            planned = Planned(config, case, label, default, cases_lib.needs_subprocess(case, platform))
+            (defaults if default else others).append((order, rank, planned))
+    return [p for *_, p in defaults] + [p for *_, p in sorted(others, key=lambda x: x[:2])]
 
 
 def measure(planned: Planned, gemm_peak: float, sheet_peak: float | None, timing: Timing) -> list[dict]:
@@ -96,29 +98,29 @@ def measure(planned: Planned, gemm_peak: float, sheet_peak: float | None, timing
         t, m = config.train, config.model
         add("kernels", str(kernels.resolve(m)), note=f"dispatch={m.dispatch}")
         run = steps.build(config, timing.fast_compile)
-        add("setup_s", round(run.setup_s, 2), "s")
-        add("compile_s", round(run.compile_s, 2), "s")
-        add("compiled_peak", round(run.memory()["peak"] / GiB, 3), "GiB")
+        add("setup_s", sig(run.setup_s), "s")
+        add("compile_s", sig(run.compile_s), "s")
+        add("compiled_peak", sig(run.memory()["peak"] / GiB), "GiB")
         timed, metrics = run.time(timing.warmup, timing.trials)
         tokens = t.global_batch_size * t.seq_len
         flops = train_flops_per_token(m, t.seq_len) * tokens / timed.median
-        add("step_s_median", round(timed.median, 5), "s")
-        add("step_s_min", round(timed.min, 5), "s")
-        add("tokens_per_s", round(tokens / timed.median, 1), "tok/s")
-        add("model_tflops", round(flops / 1e12, 3), "TFLOP/s")
-        add("mfu_measured", round(flops / gemm_peak, 4) if gemm_peak else float("nan"))
-        add("mfu_datasheet", round(flops / sheet_peak, 4) if sheet_peak else float("nan"))
+        add("step_s_median", sig(timed.median), "s")
+        add("step_s_min", sig(timed.min), "s")
+        add("tokens_per_s", sig(tokens / timed.median), "tok/s")
+        add("model_tflops", sig(flops / 1e12), "TFLOP/s")
+        add("mfu_measured", sig(flops / gemm_peak) if gemm_peak else float("nan"))
+        add("mfu_datasheet", sig(flops / sheet_peak) if sheet_peak else float("nan"))
         loss = float(metrics["loss"])
         finite = math.isfinite(loss)
         bad = FAIL if planned.default else ERROR
-        add("loss", round(loss, 5), check=PASS if finite else bad, note="" if finite else "loss is not finite")
-        add("dropped_fraction", round(float(metrics["dropped_fraction"].mean()), 5))
+        add("loss", sig(loss, 6), check=PASS if finite else bad, note="" if finite else "loss is not finite")
+        add("dropped_fraction", sig(float(metrics["dropped_fraction"].mean())))
         run.release()
         if planned.case.grouped:
             block = moe.time_moe(m, tokens, m.dispatch, jax.devices()[:1], timing.warmup, timing.trials)
-            add("moe_block_s", round(block["moe_s_median"], 5), "s")
-            add("dense_block_s", round(block["dense_s_median"], 5), "s")
-            add("moe_over_dense", round(block["ratio_vs_dense"], 3), note="MoE block / equal-FLOPs dense block")
+            add("moe_block_s", sig(block["moe_s_median"]), "s")
+            add("dense_block_s", sig(block["dense_s_median"]), "s")
+            add("moe_over_dense", sig(block["ratio_vs_dense"]), note="MoE block / equal-FLOPs dense block")
     except Exception as err:  # noqa: BLE001 — a kernel that fails is a row, not a crash of the command
         add("error", "", check=FAIL if planned.default else ERROR, note=one_line(err))
     finally:
