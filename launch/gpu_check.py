@@ -34,7 +34,7 @@ flags.DEFINE_string("out", None, "write report.md and report.csv into this direc
 flags.DEFINE_bool("smoke", False, "every section at tiny shapes on the CPU kernels, 1-2 timing trials (CI)")
 flags.DEFINE_list("lower", None, f"lower the train step for these platforms ({', '.join(PLATFORMS)}) and exit")
 flags.DEFINE_list("configs", list(FILL_CONFIGS), f"--out: configs that fill one GPU, of {', '.join(FILL_CONFIGS)}")
-flags.DEFINE_float("budget_s", 360.0, "--out: cases other than the defaults that would start later are skipped")
+flags.DEFINE_float("budget_s", 320.0, "--out: cases other than the defaults that would start later are skipped")
 flags.DEFINE_string("job", None, "internal: run one gpu_check job in this process (zaya_jax.bench.gpu_check.jobs)")
 flags.DEFINE_string("job_spec", "{}", "internal: the job's JSON spec")
 flags.DEFINE_string("job_out", None, "internal: where the job writes its JSON result")

@@ -41,7 +41,7 @@ class Options:
     out_dir: str
     smoke: bool = False
     configs: tuple[str, ...] = tuple(cases.FILL_CONFIGS)
-    budget_s: float = 360.0
+    budget_s: float = 320.0
     job_command: tuple[str, ...] | None = None
     command: str | None = None
     child_env: tuple[tuple[str, str], ...] = ()

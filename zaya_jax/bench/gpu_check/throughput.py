@@ -50,13 +50,15 @@ class Planned:
 
 
 def _signature(config: cases_lib.ConfigRef, case: cases_lib.Case, platform: str) -> tuple:
-    """What actually runs: resolved kernels, dispatch (auto = dropless on one device), lowering-flag state."""
+    """What actually runs: resolved kernels, dispatch (auto = dropless on one device), and the lowering flag's
+    state where it matters (a dropless `ragged_dot`)."""
     m = config.load(case.overrides).model
+    chosen = kernels.resolve(m)
     flag = cases_lib.GROUPED_LOWERING_FLAG.get(platform)
     lowering = case.lowering if case.lowering is not None else bool(flag and cases_lib.flag_state(flag))
     dispatch = "dropless" if m.dispatch == "auto" else m.dispatch
-    grouped = kernels.resolve(m).grouped_gemm if dispatch == "dropless" else "-"
-    return kernels.resolve(m).attention, kernels.resolve(m).matmul, dispatch, grouped, lowering and grouped != "-"
+    grouped = chosen.grouped_gemm if dispatch == "dropless" else "-"
+    return chosen.attention, chosen.matmul, dispatch, grouped, lowering and grouped == "ragged_dot"
 
 
 def plan_cases(configs: list[cases_lib.ConfigRef], platform: str, *, tokamax: bool) -> list[Planned]:
