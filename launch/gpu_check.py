@@ -25,9 +25,9 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, cpu_devices  # noqa: E402
+from zaya_jax.bench.gpu_check.cases import FILL_CONFIGS  # noqa: E402
 
 PLATFORMS = ("rocm", "cuda", "cpu")
-FILL_CONFIGS = ("h1024", "1b")  # zaya_jax.bench.gpu_check.cases.FILL_CONFIGS (not imported: jax stays unloaded)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "--lower: experiment config file (default: the tiny one)")
 flags.DEFINE_string("out", None, "write report.md and report.csv into this directory")

@@ -9,10 +9,11 @@ Five sections, each a module returning report rows (`report`), each timed:
    kernel, and each grouped kernel's MoE block against the equal-FLOPs dense block;
 5. `memory` — compiled peak memory and compile time against the planner's prediction.
 
-`run(options)` writes DIR/report.md and DIR/report.csv and returns the number of failed checks. `smoke=True`
-runs every section at CPU sizes (the tiny config, the kernels XLA:CPU runs, 1–2 timing trials) so CI keeps the
-script working. A real run is sized for at most 8 minutes on one H100 / H200 / MI300X; cases other than the
-defaults that would start after `budget_s` are recorded as skipped.
+They run in the order 1, 2, 4, 3, 5: the CPU side (the parity reference, then the planner) runs in a process of
+its own meanwhile (`jobs`). `run(options)` writes DIR/report.md and DIR/report.csv and returns the number of failed
+checks. `smoke=True` runs every section at CPU sizes (the tiny config, the kernels XLA:CPU runs, 1–2 timing
+trials) so CI keeps the script working. A real run is sized for at most 8 minutes on one H100 / H200 / MI300X;
+cases other than the defaults that would start after `budget_s` are recorded as skipped.
 """
 
 from __future__ import annotations
