@@ -239,11 +239,12 @@ def headline(head: dict) -> list[str]:
 def run(out_dir: str, *, max_bytes: int, rounds: int, cache_dir: str, command: str | None = None) -> list[dict]:
     from zaya_jax.bench import common
 
+    load_before = os.getloadavg()[0]
     rows, head = benchmark(max_bytes=max_bytes, rounds=rounds, cache_dir=cache_dir, log=common.say)
     setup = (
         f"{head['input_bytes'] / 2**20:.1f} MiB of JSONL ({JSONL_FILES} files), {head['tokens']:,} tokens of a "
-        f"{BPE_VOCAB:,}-id BPE, {head['tasks']} tasks, {rounds} rounds; 1-minute load average before the run: "
-        f"{os.getloadavg()[0]:.2f}\n\n" + __doc__.split("\n\n", 1)[1]
+        f"{BPE_VOCAB:,}-id BPE, {head['tasks']} tasks, {rounds} rounds; 1-minute load average {load_before:.2f} "
+        f"before the run, {os.getloadavg()[0]:.2f} after it\n\n" + __doc__.split("\n\n", 1)[1]
     )
     notes = [
         f"by min time: per core {head['per_core_min']:.2f}x, {head['scaling_workers']} workers / 1 "
