@@ -11,15 +11,19 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import os
 import platform
+import shlex
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 
@@ -102,12 +106,7 @@ def _cpu_model() -> str:
 def machine_info() -> dict[str, Any]:
     """Describe the host and the JAX runtime (recorded next to every benchmark result)."""
     devices = jax.devices()
-    try:
-        import jaxlib
-
-        jaxlib_version = jaxlib.__version__
-    except (ImportError, AttributeError):  # pragma: no cover
-        jaxlib_version = "unknown"
+    jaxlib_version = getattr(jaxlib, "__version__", "unknown")
     return {
         "hostname": platform.node(),
         "cpu_model": _cpu_model(),
@@ -167,7 +166,7 @@ def write_json(path: str, obj: Any) -> None:
 
 
 def _pyplot():
-    import matplotlib
+    import matplotlib  # ~1 s to import: only the chart-writing suites need it
 
     matplotlib.use("Agg")  # headless; must precede pyplot's first import in this process
     import matplotlib.pyplot as plt
@@ -284,9 +283,6 @@ def print_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> No
 
 def command_line(argv: Sequence[str] | None = None) -> str:
     """The exact command that produced a result (`python -m launch.bench ...` for the bench launcher)."""
-    import shlex
-    import sys
-
     argv = list(sys.argv if argv is None else argv)
     if argv and argv[0].endswith(os.path.join("launch", "bench.py")):
         argv = ["python", "-m", "launch.bench", *argv[1:]]
@@ -382,8 +378,6 @@ def report(
 
 def ratio(numerator: float, denominator: float) -> float:
     """numerator / denominator, NaN when the denominator is not a positive finite number."""
-    import math
-
     if not (denominator and math.isfinite(denominator) and denominator > 0):
         return float("nan")
     return float(numerator) / float(denominator)

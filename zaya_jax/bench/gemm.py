@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from zaya_jax.bench import common
+from zaya_jax.config import model_config
 
 GPU_SQUARE = (256, 512, 1024, 2048, 4096, 8192, 16384)
 CPU_SQUARE = (128, 256, 512, 1024)
@@ -74,8 +75,6 @@ def zaya_shapes(
     `tokens` = T per device; `tokens_per_expert` = T_e (default T·top_k / num_experts).
     """
     if model_cfg is None:
-        from zaya_jax.config import model_config
-
         model_cfg = model_config()
     h, hd = int(model_cfg.hidden_size), int(model_cfg.head_dim)
     nq, nkv = int(model_cfg.num_q_heads), int(model_cfg.num_kv_heads)

@@ -16,6 +16,10 @@ import subprocess
 import tempfile
 from typing import Any
 
+import ml_collections
+
+from zaya_jax.bench import train
+
 SETTINGS = dict(
     decoder_block="mixtral",
     base_emb_dim=256,
@@ -71,8 +75,6 @@ def flops_per_token() -> float:
 
 def matched_config(config):
     """A copy of a bench config (`train.bench_config`) resized to MATCHED_ZAYA, batch 4 × 256 like MaxText's."""
-    import ml_collections
-
     c = ml_collections.ConfigDict(config.to_dict())
     c.model.update(MATCHED_ZAYA)
     c.train.global_batch_size, c.train.seq_len = SETTINGS["per_device_batch_size"], SETTINGS["max_target_length"]
@@ -82,8 +84,6 @@ def matched_config(config):
 def matched_row(config, mt: dict[str, Any], steps: int = 3) -> dict[str, Any]:
     """Our step on `matched_config(config)`, alone in this process, as a row compared with MaxText's row `mt`
     (impl "zaya_jax (MaxText-matched)"; the ratios vs MaxText are printed and put in its notes)."""
-    from zaya_jax.bench import train
-
     row = next(
         r
         for r in train.benchmark(matched_config(config), steps=steps, optimizers=("adamw",), reference=False)

@@ -14,11 +14,14 @@ from typing import Any
 import ml_collections
 import numpy as np
 
+from zaya_jax.hf.config import config_to_hf
+from zaya_jax.hf.mapping import state_to_hf, tensor_specs
+
 
 def available() -> tuple[bool, str]:
     """(True, versions) when torch and transformers with `ZayaForCausalLM` import, else (False, why)."""
     try:
-        import torch
+        import torch  # optional (the reference stack): checked here, not at import
         import transformers
 
         getattr(transformers, "ZayaForCausalLM")
@@ -29,8 +32,6 @@ def available() -> tuple[bool, str]:
 
 def hf_state_dict(m: ml_collections.ConfigDict, arrays: dict[tuple, np.ndarray]) -> dict[str, np.ndarray]:
     """HF-native tensors (name → array) for a model config and its flat JAX state (path → array)."""
-    from zaya_jax.hf.mapping import state_to_hf, tensor_specs
-
     return state_to_hf(tensor_specs(m, {p: a.shape for p, a in arrays.items()}, "hf"), arrays)
 
 
@@ -50,10 +51,8 @@ class TorchTrainer:
         threads: int | None = None,
         autocast: bool = False,
     ):
-        import torch
+        import torch  # optional (the reference stack): only the torch comparison imports it
         import transformers
-
-        from zaya_jax.hf.config import config_to_hf
 
         if threads:
             torch.set_num_threads(int(threads))

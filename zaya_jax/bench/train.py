@@ -33,11 +33,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+from flax import nnx
 from jax.sharding import NamedSharding
 
 from zaya_jax import host_memory
 from zaya_jax.bench import common, gemm, torch_ref
 from zaya_jax.config import validate
+from zaya_jax.hf.io import model_arrays
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
 from zaya_jax.parallel import sharding
@@ -158,10 +160,6 @@ class JaxTrainer:
 
     def arrays(self) -> dict[tuple, np.ndarray]:
         """The current params + balancing biases as NumPy, keyed by NNX path (call before the first step)."""
-        from flax import nnx
-
-        from zaya_jax.hf.io import model_arrays
-
         return model_arrays(nnx.merge(self.graphdef, self.state.params, self.state.biases))
 
     def batch(self, ids: np.ndarray) -> dict[str, jax.Array]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import sys
 
+from zaya_jax.config.errors import ConfigError
+
 AVAILABLE_DEVICES_ENV = "ZAYA_AVAILABLE_DEVICES"
 NUM_CPU_DEVICES_ENV = "JAX_NUM_CPU_DEVICES"  # jax's `jax_num_cpu_devices` option, read when jax is imported
 
@@ -66,8 +68,7 @@ def shrink_mesh(config, num_devices: int) -> dict[str, int]:
     mesh.expert and mesh.data = -1 (existing fields: allowed on a locked config). When k < num_devices, call
     `use_devices(k)` before jax starts. Raises ConfigError (one line) if no mesh fits.
     """
-    from zaya_jax.config import ConfigError
-    from zaya_jax.train.schedule import check_layout
+    from zaya_jax.train.schedule import check_layout  # imports jax: the supervisor imports this module jax-free
 
     mesh, experts = config.mesh, int(config.model.num_experts)
     first_error = None

@@ -31,6 +31,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from zaya_jax.checkpoint.errors import CorruptCheckpointError
 from zaya_jax.keys import path_name
@@ -91,8 +92,6 @@ def _fingerprints(leaves: list[jax.Array]) -> list[str]:
     with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:  # NumPy releases the GIL
         sums = np.array(list(pool.map(_local_sums, leaves)), _U32).reshape(len(leaves), 2)
     if jax.process_count() > 1:  # each process's share, added up (uint32 survives jax without x64)
-        from jax.experimental import multihost_utils
-
         sums = np.asarray(multihost_utils.process_allgather(sums), np.uint64).sum(axis=0) % 2**32
     return [f"{int(h1):08x}{int(h2):08x}" for h1, h2 in sums]
 

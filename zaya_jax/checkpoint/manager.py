@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
 from orbax.checkpoint.path import step as ocp_step
 
 from zaya_jax.checkpoint import integrity
@@ -77,8 +78,6 @@ def _check_writable(directory: str) -> None:
 def retention_policy(keep: int, keep_every: int):
     """Orbax preservation policy: the newest `keep` checkpoints plus every step that is a multiple of `keep_every`
     (0 = none)."""
-    from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
-
     policies = [pp.LatestN(n=keep)] + ([pp.EveryNSteps(interval_steps=keep_every)] if keep_every > 0 else [])
     return pp.AnyPreservationPolicy(policies)
 

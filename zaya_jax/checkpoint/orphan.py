@@ -25,6 +25,8 @@ import sys
 import threading
 import time
 
+from zaya_jax.checkpoint.events import EVENT_LOG_ENV, EventLog
+
 SUPERVISOR_PID_ENV = "ZAYA_SUPERVISOR_PID"
 SUPERVISOR_START_ENV = "ZAYA_SUPERVISOR_START"
 ORPHAN_GRACE_ENV = "ZAYA_ORPHAN_GRACE_S"
@@ -87,8 +89,6 @@ def supervisor_from_env() -> tuple[int, str | None] | None:
 
 
 def _log_lost(pid: int) -> None:
-    from zaya_jax.checkpoint.events import EVENT_LOG_ENV, EventLog
-
     if os.environ.get(EVENT_LOG_ENV):
         EventLog(os.environ[EVENT_LOG_ENV], "trainer").write("supervisor_lost", supervisor_pid=pid)
 

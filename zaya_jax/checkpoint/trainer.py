@@ -38,6 +38,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+from jax.experimental import multihost_utils
 
 from zaya_jax import kernels
 from zaya_jax.checkpoint import faults as faults_lib
@@ -135,8 +136,6 @@ class TrainCheckpointer:
         if not self._multi_process:
             self.stop_requested = self._signal_received
             return
-        from jax.experimental import multihost_utils
-
         self._sync_calls += 1
         if multihost_utils.reached_preemption_sync_point(self._sync_calls):
             self.stop_requested, self.stop_signal = True, "SIGTERM"

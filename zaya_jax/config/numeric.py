@@ -12,7 +12,7 @@ from typing import Iterator
 
 import ml_collections
 
-from zaya_jax.config.validate import ConfigError
+from zaya_jax.config.errors import ConfigError
 
 INF = math.inf
 # (section, field) -> (low, high, low_inclusive, high_inclusive)

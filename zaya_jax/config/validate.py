@@ -1,17 +1,14 @@
 """`validate(config)`: every section checked in one place; each error is one `ConfigError` line naming the
-field and the fix. Pure: imports nothing of the package but the defaults (choice names) next to it and the
-error base class."""
+field and the fix. Pure: imports nothing of the package but the defaults (choice names), the numeric
+checks and the error next to it."""
 
 from __future__ import annotations
 
 import ml_collections
 
 from zaya_jax.config import defaults as choices
-from zaya_jax.errors import ZayaError
-
-
-class ConfigError(ZayaError, ValueError):
-    """A configuration value is invalid; the message names the field and what to do."""
+from zaya_jax.config.errors import ConfigError
+from zaya_jax.config.numeric import validate_numbers
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -240,8 +237,6 @@ def validate_checkpoint(c: ml_collections.ConfigDict) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Check every section of a full config tree (`default_config()` with overrides) and return it unchanged."""
-    from zaya_jax.config.numeric import validate_numbers  # it imports ConfigError from here
-
     missing = [name for name in choices.SECTIONS if name not in config]
     _check(not missing, f"config has no section(s) {missing}; start the config from zaya_jax.config.default_config()")
     validate_numbers(config)

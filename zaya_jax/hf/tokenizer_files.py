@@ -18,6 +18,7 @@ import os
 import shutil
 
 import ml_collections
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
 from zaya_jax.data.tokenizer import ByteTokenizer, load_tokenizer
 
@@ -42,8 +43,6 @@ def byte_chars() -> list[str]:
 
 def byte_tokenizer():
     """`tokenizers.Tokenizer` with `ByteTokenizer`'s ids: specials 0-2, byte b → b + 3 (no merges)."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
     byte = ByteTokenizer()
     vocab = {SPECIAL_TOKENS["pad"]: byte.pad_id, SPECIAL_TOKENS["eos"]: byte.eos_id, SPECIAL_TOKENS["bos"]: byte.bos_id}
     vocab.update({char: b + byte.offset for b, char in enumerate(byte_chars())})

@@ -7,6 +7,7 @@ import os
 
 import ml_collections
 
+from zaya_jax import hf as hf_io
 from zaya_jax.data.tokenizer import Tokenizer, load_tokenizer
 from zaya_jax.errors import ZayaError
 from zaya_jax.model.zaya import Zaya
@@ -27,8 +28,6 @@ def load_model(
     if (hf is None) == (checkpoint is None):
         raise LoadError("pass exactly one of --hf=DIR or --checkpoint=DIR")
     if hf is not None:
-        from zaya_jax import hf as hf_io
-
         return hf_io.load_pretrained(os.path.expanduser(hf), dtype=dtype, skip_output=skip_output)
     try:
         module = importlib.import_module("zaya_jax.checkpoint")

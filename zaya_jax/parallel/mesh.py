@@ -20,6 +20,8 @@ import math
 
 import jax
 import ml_collections
+import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
 from zaya_jax.config import ConfigError
@@ -83,8 +85,6 @@ def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) ->
         return Mesh(hybrid_device_grid(sizes, devices), AXES, axis_types=axis_types)
     if len(devices) == len(jax.devices()):
         return jax.make_mesh(shape, AXES, axis_types=axis_types)
-    import numpy as np
-
     return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=axis_types)
 
 
@@ -92,8 +92,6 @@ def hybrid_device_grid(sizes: dict[str, int], devices: list):
     """Devices [data, context, expert] for several nodes (one process each): DCN shape (nodes, 1, 1), ICI shape
     (data / nodes, context, expert); node k holds data rows [k·data/nodes, (k+1)·data/nodes). Raises a one-line
     ConfigError if `context` × `expert` does not fit in a node or `data` does not split over the nodes."""
-    from jax.experimental import mesh_utils
-
     nodes = len({d.process_index for d in devices})
     per_node = len(devices) // nodes
     inner = sizes["context"] * sizes["expert"]

@@ -130,7 +130,7 @@ def plot_load_heatmap(metrics_path: str, out_path: str, title: str = "") -> str 
     rows = read_rows(metrics_path)
     if not rows:
         return None
-    import matplotlib
+    import matplotlib  # ~1 s to import: only the end-of-run heat map needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -28,6 +28,8 @@ from jax.sharding import NamedSharding
 from tqdm import tqdm
 
 from zaya_jax import kernels, sizing
+from zaya_jax.data.corpus import unigram_entropy
+from zaya_jax.data.pipeline import make_iterators
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
@@ -102,8 +104,6 @@ def train(
     quiet: bool = False,
 ) -> dict:
     """Run training; returns {'final_loss', 'eval_loss', 'steps', 'tokens_per_s', ...}."""
-    from zaya_jax.data.pipeline import make_iterators
-
     t, hooks = config.train, hooks or []
     sizing.warn_model(config.model)
     mesh = make_mesh(config)
@@ -179,8 +179,6 @@ def train(
         summary.update(held_out, eval_batches=int(t.eval_batches))
     summary["data"] = list(data_dirs)
     if len(data_dirs) == 1:
-        from zaya_jax.data.corpus import unigram_entropy
-
         summary["unigram_entropy"] = unigram_entropy(data_dirs[0])
     if checkpointer is not None:
         checkpointer.finish(int(state.step), state, train_iter)

@@ -147,7 +147,7 @@ class MetricWriter:
             path = os.path.join(workdir, "metrics.jsonl")
             self.previous = _keep_rows_up_to(path, start_step)
             self._jsonl = open(path, "a", encoding="utf-8")
-            from tensorboardX import SummaryWriter
+            from tensorboardX import SummaryWriter  # ~1.6 s to import: only a run that writes events pays it
 
             self._tb = SummaryWriter(
                 os.path.join(workdir, "tensorboard", self.run_name), purge_step=start_step + 1 if start_step else None
