@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -195,3 +197,45 @@ def test_source_maps_only_the_shards_it_reads_and_at_most_open_shards(reference,
     for i in range(len(src)):
         assert np.array_equal(src[i]["tokens"], whole[i])
         assert len(src._arrays) <= 3
+
+
+def _feed_empty(fifo: str) -> threading.Thread:
+    """A thread that opens the FIFO input for writing and closes it: its reader gets an empty file."""
+    thread = threading.Thread(target=lambda: open(fifo, "w").close(), daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_task_then_rerun_gives_the_same_files(tmp_path):
+    """A real kill: the third task reads a FIFO, which blocks it until the test lets it go."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for name in ("a.txt", "b.txt", "d.txt"):
+        (src / name).write_text(f"text of {name}\n" * 30)  # 420 bytes: one task each (task_bytes 300)
+    fifo = str(src / "c.txt")
+    os.mkfifo(fifo)
+    ref = str(tmp_path / "ref")
+    feeder = _feed_empty(fifo)
+    prep.prepare([str(src)], ref, workers=1, **KW)
+    feeder.join(5)
+    out = str(tmp_path / "out")
+    cmd = [sys.executable, "-m", "launch.prepare_data", f"--input={src}", f"--output={out}", "--workers=1"]
+    cmd += [f"--{k}={v}" for k, v in KW.items() if k != "progress"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = os.path.join(out, packing.task_name(1), packing.DONE)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(marker) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert os.path.exists(marker) and proc.poll() is None  # tasks 0 and 1 done, task 2 blocked in the FIFO
+    proc.kill()
+    proc.wait(30)
+    assert not os.path.exists(os.path.join(out, "manifest.json"))
+    finished = glob.glob(os.path.join(out, "task-*", "*"))
+    mtimes = {p: os.stat(p).st_mtime_ns for p in finished}
+    feeder = _feed_empty(fifo)
+    rerun = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    feeder.join(5)
+    assert rerun.returncode == 0, rerun.stderr
+    assert {p: os.stat(p).st_mtime_ns for p in finished} == mtimes  # what the killed run finished is kept as is
+    assert _files(out) == _files(ref)
