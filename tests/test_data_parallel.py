@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -97,6 +98,12 @@ def test_four_workers_write_identical_files(reference):
     mtimes = {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(out4, "**"), recursive=True)}
     assert prep.prepare([str(root / "in")], out4, workers=2, **KW) == manifest
     assert {p: os.stat(p).st_mtime_ns for p in glob.glob(os.path.join(out4, "**"), recursive=True)} == mtimes
+    # A task directory deleted by hand: the engine's completion mark alone does not count, the task is redone.
+    assert os.path.exists(os.path.join(out4, ".datatrove", "completions", "00002"))
+    shutil.rmtree(os.path.join(out4, packing.task_name(2)))
+    os.remove(os.path.join(out4, "manifest.json"))
+    assert prep.prepare([str(root / "in")], out4, workers=2, **KW) == manifest
+    assert _files(out4) == _files(out)
 
 
 class _Crash(RuntimeError):
