@@ -14,6 +14,7 @@ import pytest
 
 from tests.test_model_reference import TOL, make_cfg, np_attention, rel
 from zaya_jax import kernels
+from zaya_jax.checkpoint.model_io import config_from_meta
 from zaya_jax.config import ConfigError, model_config, validate_model
 from zaya_jax.kernels import attention, matmul
 from zaya_jax.kernels.grouped_loops import PAD, grouped_swiglu
@@ -237,3 +238,15 @@ def test_xla_and_xla_cpu_matmuls_train_identically_in_fp32():
     assert float(la) == float(lb)
     for a, b in zip(jax.tree.leaves(ga), jax.tree.leaves(gb), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("old, kernel", [("grouped", "loops"), ("ragged", "ragged_dot")])
+def test_checkpoints_saved_with_the_old_dispatch_names_still_load(old, kernel):
+    """A checkpoint's saved config from before `model.kernels` names `grouped` / `ragged`: it loads as `dropless`
+    with that grouped-GEMM kernel (the same computation), and validates."""
+    saved = model_config().to_dict()
+    del saved["kernels"]
+    saved["dispatch"] = old
+    config = config_from_meta({"config": {"model": saved}})
+    assert (config.model.dispatch, config.model.kernels.grouped_gemm) == ("dropless", kernel)
+    validate_model(config.model)

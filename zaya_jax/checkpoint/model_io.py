@@ -16,7 +16,7 @@ from flax import nnx
 
 from zaya_jax.checkpoint.errors import CheckpointConfigError
 from zaya_jax.checkpoint.manager import Checkpointer, abstract_target, tree_nbytes
-from zaya_jax.config import ConfigError, default_config, validate_model
+from zaya_jax.config import RENAMED_DISPATCHES, ConfigError, default_config, validate_model
 from zaya_jax.model.zaya import abstract_model
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import TrainState, abstract_train_state, split_model
@@ -61,6 +61,9 @@ def config_from_meta(meta: dict, directory: str = "checkpoint") -> ml_collection
     config = default_config()
     with config.unlocked():
         config.update(saved)
+    if config.model.dispatch in RENAMED_DISPATCHES:  # saved before `model.kernels`: the same computation
+        config.model.kernels.grouped_gemm = RENAMED_DISPATCHES[config.model.dispatch]
+        config.model.dispatch = "dropless"
     return config
 
 

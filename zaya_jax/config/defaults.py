@@ -30,6 +30,9 @@ GEOMETRY_FIELDS = (
 # concrete ones; "dropless" runs the grouped expert GEMMs of `model.kernels.grouped_gemm`
 DISPATCHES = ("auto", "dense", "dropless", "capacity", "ep")
 CONCRETE_DISPATCHES = DISPATCHES[1:]
+# dispatch names before `model.kernels` (configs and checkpoints written until then): each is now `dropless` with
+# this grouped-GEMM kernel
+RENAMED_DISPATCHES = {"grouped": "loops", "ragged": "ragged_dot"}
 # the dispatches that never drop a token, on any layout (inference and evaluation run one of them; "auto" drops
 # only where it resolves to "ep", under an expert axis > 1)
 DROPLESS_DISPATCHES = ("dropless", "dense")

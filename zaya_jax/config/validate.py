@@ -50,9 +50,9 @@ def validate_model(m: ml_collections.ConfigDict) -> None:
     )
     _choice("model", "skip_output", m.skip_output, choices.SKIP_OUTPUTS)
     _check(
-        m.dispatch not in ("grouped", "ragged"),
+        m.dispatch not in choices.RENAMED_DISPATCHES,
         f"model.dispatch={m.dispatch!r} is now model.dispatch=dropless with model.kernels.grouped_gemm="
-        f"{'loops' if m.dispatch == 'grouped' else 'ragged_dot'}",
+        f"{choices.RENAMED_DISPATCHES.get(m.dispatch)}",
     )
     _choice("model", "dispatch", m.dispatch, choices.DISPATCHES)
     validate_kernels(m)
