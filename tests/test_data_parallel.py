@@ -230,13 +230,15 @@ def test_sigkill_during_a_task_then_rerun_gives_the_same_files(tmp_path):
     cmd = [sys.executable, "-m", "launch.prepare_data", f"--input={src}", f"--output={out}", "--workers=1"]
     cmd += [f"--{k}={v}" for k, v in KW.items() if k != "progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    marker = os.path.join(out, packing.task_name(1), packing.DONE)
-    deadline = time.monotonic() + 120
-    while not os.path.exists(marker) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert os.path.exists(marker) and proc.poll() is None  # tasks 0 and 1 done, task 2 blocked in the FIFO
-    proc.kill()
-    proc.wait(30)
+    try:
+        marker = os.path.join(out, packing.task_name(1), packing.DONE)
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert os.path.exists(marker) and proc.poll() is None  # tasks 0 and 1 done, task 2 blocked in the FIFO
+    finally:
+        proc.kill()
+        proc.wait(30)
     assert not os.path.exists(os.path.join(out, "manifest.json"))
     finished = glob.glob(os.path.join(out, "task-*", "*"))
     mtimes = {p: os.stat(p).st_mtime_ns for p in finished}
