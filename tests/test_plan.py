@@ -420,6 +420,14 @@ def test_sweep_writes_csv_and_png(tmp_path):
     assert parse_sweep("data:16+context:8,32") == [{"data": 16, "context": 8}, {"data": 32, "context": 8}]
 
 
+def test_plan_on_one_device():
+    """One device: no collective is needed and none is made (the wire / minimum ratio is 1, not a division by 0)."""
+    cfg, _ = plan.planning_config(load_config(TINY), mesh={"data": 1}, seq_len=128, remat="none", num_devices=1)
+    result = plan.plan(cfg, devices=jax.devices()[:1])
+    assert result["setup"]["mesh"] == {"data": 1, "context": 1, "expert": 1} and result["fits"]
+    assert result["summary"]["collective_wire_over_zero1_minimum"] == 1.0
+
+
 def test_plan_context_parallel_zigzag():
     """Tiny config on 4 data x 2 context: halos are collective-permutes, and XLA computes exactly the analytic
     attention share of the zigzag layout (2n+1 of 4n² blocks per device)."""

@@ -82,7 +82,7 @@ def planning_config(
     The global batch is `batch_per_device` sequences per batch shard (data × expert) per micro-batch.
     dispatch="auto": 'ep' (per-device capacity buffers, sized like a dropless grouped GEMM at cf = 1) unless
     the config uses 'dense'; 'capacity' computes one *global* capacity that GSPMD partitions with
-    all-gathers / all-reduces of the whole buffer, and XLA:CPU lowers 'ragged' to a dense masked dot (E×).
+    all-gathers / all-reduces of the whole buffer, and XLA:CPU lowers `ragged_dot` to a dense masked dot (E×).
     """
     cfg, notes = copy.deepcopy(config), []
     with cfg.unlocked():
@@ -274,6 +274,13 @@ def _projections(
     }
 
 
+def _over_minimum(wire: float, minimum: float) -> float:
+    """Compiled / minimum collective bytes; one device needs none: 1.0 if it moves none either, else inf."""
+    if minimum:
+        return wire / minimum
+    return 1.0 if not wire else math.inf
+
+
 def plan(
     config: ml_collections.ConfigDict,
     *,
@@ -339,7 +346,9 @@ def plan(
     summary = {
         "executed_over_analytic_hardware_flops": flops["xla_over_analytic_hardware"],
         "optimizer_over_newton_schulz_flops": flops["optimizer_over_analytic_ns"],
-        "collective_wire_over_zero1_minimum": stats.wire_bytes / proj["zero1_minimum_wire_bytes"]["total"],
+        "collective_wire_over_zero1_minimum": _over_minimum(
+            stats.wire_bytes, proj["zero1_minimum_wire_bytes"]["total"]
+        ),
         "projected_mfu": proj["projected"]["mfu"],
         "projected_mfu_overlapped": proj["overlapped"]["mfu"],
     }
