@@ -46,9 +46,6 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OWN_DIRS = tuple(os.path.join(_REPO, name) + os.sep for name in ("zaya_jax", "launch"))
 USER_CACHE = os.path.join("~", ".cache", "zaya_jax", "xla_cache")  # launchers without a workdir
 USER_CACHE_MAX_BYTES = 8 << 30  # least recently used entries of the per-user cache go beyond this
-# (module, class) of one-line errors that do not derive from ZayaError yet; a class can only be raised once its
-# module is imported, so it is looked up there (importing zaya_jax.data here would pull in its dependencies)
-_NOT_YET_ZAYA_ERRORS = (("zaya_jax.data.tokenizer", "DataError"),)
 
 
 def _close_progress_bars() -> None:
@@ -89,12 +86,6 @@ def require_numbers(
 
     for name in names:
         flags.register_validator(name, ok, f"--{name} must be {what}", flag_values=flags.FLAGS)
-
-
-def known_errors() -> tuple[type, ...]:
-    """The error types a launcher reports in one line: ZayaError (and the listed ones whose module is loaded)."""
-    loaded = (getattr(sys.modules[m], name) for m, name in _NOT_YET_ZAYA_ERRORS if m in sys.modules)
-    return (ZayaError, *(cls for cls in loaded if not issubclass(cls, ZayaError)))
 
 
 def exit_code(err: BaseException) -> int:
@@ -241,7 +232,7 @@ def run(main: Callable[[list[str]], None], prog: str, *, jax_flags: bool = True)
                 watch_supervisor()  # a supervised launcher stops when its supervisor dies
                 _setup_host()
             main(argv)
-        except known_errors() as err:
+        except ZayaError as err:
             if flags.FLAGS.verbose:
                 _close_progress_bars()
                 traceback.print_exc()

@@ -14,6 +14,8 @@ from typing import Protocol, Sequence
 
 import numpy as np
 
+from zaya_jax.errors import ZayaError
+
 VOCAB_MULTIPLE = 128
 # Special-token spellings tried, in order, when a tokenizer.json does not name its ids explicitly.
 EOS_CANDIDATES = ("<|endoftext|>", "</s>", "<eos>", "<|eos|>", "[SEP]", "<|end_of_text|>")
@@ -21,7 +23,7 @@ BOS_CANDIDATES = ("<|begin_of_text|>", "<s>", "<bos>", "<|bos|>", "[CLS]")
 PAD_CANDIDATES = ("<pad>", "<|pad|>", "[PAD]", "<|padding|>")
 
 
-class DataError(ValueError):
+class DataError(ZayaError, ValueError):
     """Bad data input or preparation state; the message says what is wrong and what to do."""
 
 
