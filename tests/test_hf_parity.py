@@ -24,6 +24,7 @@ import pytest
 import safetensors.numpy
 from flax import nnx
 
+pytestmark = pytest.mark.reference  # needs the `reference` extra (torch, transformers)
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 

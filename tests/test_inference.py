@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.reference  # needs the `reference` extra (torch, transformers)
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
