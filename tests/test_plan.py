@@ -475,7 +475,7 @@ ENTRY %main (p0: bf16[4,8], p1: bf16[2,3], p2: f32[5]) -> f32[4,8] {
 def test_chunked_attention_executes_the_share_of_the_square_the_planner_counts(chunk):
     """Forward + backward dot FLOPs of `causal_attention` in the compiled HLO = 3 × (n + 1)/2n × the full
     S×S square (QKᵀ and PV: 4·n_q·d·S² forward) for n query blocks, as `plan.analytic_flops` assumes."""
-    from zaya_jax.model.cca import attention_chunks, causal_attention
+    from zaya_jax.kernels.attention import attention_chunks, causal_attention
 
     b, s, nq, nkv, d = 1, 256, 4, 2, 16
     q, kv = jax.ShapeDtypeStruct((b, s, nq, d), jnp.float32), jax.ShapeDtypeStruct((b, s, nkv, d), jnp.float32)
