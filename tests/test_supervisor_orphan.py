@@ -89,6 +89,14 @@ def _gone_within(pid: int, seconds: float) -> float | None:
     return None
 
 
+def _assert_gone_within_20_s(trainer: int) -> None:
+    """The trainer of a killed supervisor exits within 20 s (killed here if not, so no test leaves it behind)."""
+    took = _gone_within(trainer, 20)
+    if took is None:
+        os.kill(trainer, signal.SIGKILL)
+    assert took is not None, "the trainer outlived its supervisor by 20 s"
+
+
 @pytest.mark.parametrize(
     "wrapped, mode, term",
     [(False, "nowatch", "term"), (True, "watch", "term"), (True, "watch", "ignore_term")],
@@ -103,10 +111,7 @@ def test_a_sigkilled_supervisor_leaves_no_trainer(tmp_path, wrapped, mode, term)
     finally:
         sup.kill()
         sup.communicate()
-    took = _gone_within(trainer, 20)
-    if took is None:
-        os.kill(trainer, signal.SIGKILL)
-    assert took is not None, "the trainer outlived its supervisor by 20 s"
+    _assert_gone_within_20_s(trainer)
     if mode == "watch":
         assert any(r["event"] == "supervisor_lost" for r in read_events(os.path.join(workdir, "events.jsonl")))
 
@@ -175,10 +180,7 @@ def test_the_real_trainer_dies_with_its_supervisor_and_resumes_under_the_next(da
     finally:
         sup.kill()
         sup.communicate()
-    took = _gone_within(trainer, 20)
-    if took is None:
-        os.kill(trainer, signal.SIGKILL)
-    assert took is not None, "the trainer outlived its supervisor by 20 s"
+    _assert_gone_within_20_s(trainer)
     last = max(int(n) for n in os.listdir(ckpts) if n.isdigit())
     assert 0 < last < 400
     resumed = [c if not c.startswith("--config.train.steps") else f"--config.train.steps={last + 2}" for c in command]
