@@ -10,10 +10,10 @@ and a projected step time / MFU on the paper's cluster — from abstract shapes,
 
 The report ends with five lines: executed / analytic hardware FLOPs, optimizer / Newton-Schulz FLOPs,
 collective wire / ZeRO-1 minimum, projected MFU (compute + memory-bound + collectives, not overlapped, on the
-cluster model of `zaya_jax.cluster`, whose assumptions are printed and set by the --gpus_per_node,
+cluster model of `zaya_jax.planning.cluster`, whose assumptions are printed and set by the --gpus_per_node,
 --nic_gbps, --nic_efficiency, --xgmi_link_gbps, --alpha_xgmi_us, --alpha_nic_us, --hbm_efficiency flags),
 and projected MFU (overlapped): the same with each collective hidden up to the compute of the loop body it is
-issued in (`zaya_jax.overlap`).
+issued in (`zaya_jax.planning.overlap`).
 
 Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanced layout
 (`zaya_jax.model.cca_context`).
@@ -21,7 +21,7 @@ Context parallelism: `--config.mesh.context_layout=zigzag` plans the load-balanc
 `--remat=auto` tries none → dots → full and reports the first policy whose peak fits
 `--usable_memory_fraction` of the device memory. `--compile_scaling` compiles the train step of the config at
 a small width for 8 / 40 / 80 layers and reports compile times and HLO sizes (the layers are scanned, so the
-80-layer program must cost < 1.5× the 8-layer one). See `zaya_jax/plan.py` for where every number comes from.
+80-layer program must cost < 1.5× the 8-layer one). See `zaya_jax/planning/plan.py` for where every number comes from.
 """
 
 from launch.cpu_devices import prepare_host
@@ -47,7 +47,7 @@ flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8 or data:2,expert:4 (d
 flags.DEFINE_integer("seq_len", None, "sequence length (default: config.train.seq_len)")
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
-flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.sizing.HARDWARE)")
+flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.planning.sizing.HARDWARE)")
 flags.DEFINE_enum(
     "remat",
     None,
@@ -99,7 +99,7 @@ def _fmt_bytes(x: float) -> str:
 
 
 def format_plan(r: dict) -> str:
-    """Human-readable report of `zaya_jax.plan.plan` output."""
+    """Human-readable report of `zaya_jax.planning.plan.plan` output."""
     s, mem, fl = r["setup"], r["memory"], r["flops"]
     a = fl["analytic"]
     lines = [
@@ -206,7 +206,7 @@ def format_projection(r: dict) -> list[str]:
         f"FLOP, {p['hbm_bandwidth'] / 1e12:.1f} TB/s HBM peak); cluster assumptions:",
         *(f"  - {line}" for line in p["assumptions"]),
         f"  - grad_reduce_dtype {s.get('grad_reduce_dtype', 'float32')}, compute dtype {s['dtype']}; "
-        "memory-bound bytes from the analytic model of zaya_jax/projection.py",
+        "memory-bound bytes from the analytic model of zaya_jax/planning/projection.py",
         f"  compute        {_ms(pr['compute_s'])}  (executed HLO dot FLOPs per device / peak)",
         f"  memory-bound   {_ms(pr['memory_s'])}  for {_fmt_bytes(hb['total']).strip()}: "
         f"{parts({k: v for k, v in hb.items() if k != 'newton_schulz_operands'})} (of "
@@ -230,7 +230,7 @@ def format_projection(r: dict) -> list[str]:
 def format_overlap(p: dict) -> list[str]:
     """The overlapped step: assumptions, then per computation with collectives what hides and what not."""
     ov = p["overlapped"]
-    lines = ["  overlapped step (zaya_jax/overlap.py):", *(f"    - {a}" for a in p["overlap_assumptions"])]
+    lines = ["  overlapped step (zaya_jax/planning/overlap.py):", *(f"    - {a}" for a in p["overlap_assumptions"])]
     for b in ov["bodies"][:6]:
         where = "loop body" if b["loop"] else "top level / branch"
         lines.append(
@@ -246,7 +246,7 @@ def format_overlap(p: dict) -> list[str]:
 
 
 def _cluster():
-    from zaya_jax.cluster import Cluster
+    from zaya_jax.planning.cluster import Cluster
 
     try:
         return Cluster(
@@ -265,17 +265,19 @@ def _cluster():
 
 def main(argv):
     del argv
-    from zaya_jax import plan as planner
     from zaya_jax.config import ConfigError, validate
+    from zaya_jax.planning.abstract_step import parse_mesh, planning_config
+    from zaya_jax.planning.compile_scaling import compile_scaling, small_width
+    from zaya_jax.planning.plan import plan, plan_auto_remat
 
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
     mesh_text = None if FLAGS.sweep else FLAGS.mesh  # a sweep sets the mesh of every point itself
     try:
-        cfg, notes = planner.planning_config(
+        cfg, notes = planning_config(
             config,
-            mesh=planner.parse_mesh(mesh_text) if mesh_text else None,
+            mesh=parse_mesh(mesh_text) if mesh_text else None,
             seq_len=FLAGS.seq_len,
             batch_per_device=FLAGS.batch_per_device,
             microbatches=FLAGS.microbatches,
@@ -305,9 +307,7 @@ def main(argv):
         return
     if FLAGS.compile_scaling:
         cli.compilation_cache("none")  # compile times are what it measures: no persistent cache hits
-        result = planner.compile_scaling(
-            planner.small_width(cfg), tuple(int(d) for d in FLAGS.scaling_depths), fast_compile=False
-        )
+        result = compile_scaling(small_width(cfg), tuple(int(d) for d in FLAGS.scaling_depths), fast_compile=False)
         for row in result["rows"]:
             print(json.dumps(row))
         print("ratios last/first depth:", json.dumps({k: round(v, 3) for k, v in result["ratios"].items()}))
@@ -318,7 +318,7 @@ def main(argv):
             usable_fraction=FLAGS.usable_memory_fraction,
             fast_compile=FLAGS.fast_compile,
         )
-        result = planner.plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else planner.plan(cfg, **kwargs)
+        result = plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else plan(cfg, **kwargs)
         result["notes"] = notes
         print(format_plan(result))
     if FLAGS.out:

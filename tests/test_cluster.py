@@ -1,12 +1,12 @@
-"""The cluster model (`zaya_jax.cluster`) against hand-computed α–β costs, and the device groups of HLO
-collectives (`zaya_jax.hlo_collectives`)."""
+"""The cluster model (`zaya_jax.planning.cluster`) against hand-computed α–β costs, and the device groups of HLO
+collectives (`zaya_jax.planning.hlo_collectives`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from zaya_jax.cluster import Cluster, Stage, price
-from zaya_jax.hlo_collectives import CollectiveOp, parse_groups
+from zaya_jax.planning.cluster import Cluster, Stage, price
+from zaya_jax.planning.hlo_collectives import CollectiveOp, parse_groups
 
 GB = 1e9
 LINK, NIC = 48e9, 0.9 * 50e9  # the defaults: achieved xGMI link, NIC line rate × efficiency

@@ -1,4 +1,4 @@
-"""The planner's overlap rule (`zaya_jax.overlap`) on known programs: a collective inside a loop body hides
+"""The planner's overlap rule (`zaya_jax.planning.overlap`) on known programs: a collective inside a loop body hides
 under at most that body's dot FLOPs, one at the top level hides nothing."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from zaya_jax import hlo_stats, overlap
-from zaya_jax.cluster import Cluster
+from zaya_jax.planning import hlo_stats, overlap
+from zaya_jax.planning.cluster import Cluster
 
 LAYERS, M, K = 6, 32, 64
 

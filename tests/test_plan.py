@@ -1,4 +1,4 @@
-"""The planner (`zaya_jax.plan`, `launch.plan`) and the HLO statistics it relies on (`zaya_jax.hlo_stats`).
+"""The planner (`zaya_jax.planning`, `launch.plan`) and the HLO statistics it relies on (`planning.hlo_stats`).
 
 One small config (hidden 256, 8 layers, 8 emulated devices as data:8) is planned once per module; the full
 8.3B model is planned by hand (`python -m launch.plan --config=experiments/zaya1_base.py --mesh=data:8`).
@@ -20,12 +20,15 @@ from jax.sharding import AbstractMesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from launch.plan_sweep import parse_sweep
-from zaya_jax import hlo_stats, plan
 from zaya_jax.config import ConfigError, load_config
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
 from zaya_jax.parallel import owners
 from zaya_jax.parallel.mesh import AXES
+from zaya_jax.planning import hlo_stats
+from zaya_jax.planning.abstract_step import parse_mesh, planning_config
+from zaya_jax.planning.compile_scaling import compile_scaling, small_width
+from zaya_jax.planning.plan import plan, plan_auto_remat
 from zaya_jax.train import zero1
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,15 +61,15 @@ def result_params(cfg):
 
 @pytest.fixture(scope="module")
 def small_plan():
-    cfg, notes = plan.planning_config(
+    cfg, notes = planning_config(
         _small_config(),
-        mesh=plan.parse_mesh("data:8"),
+        mesh=parse_mesh("data:8"),
         seq_len=256,
         batch_per_device=1,
         remat="none",
         capacity_factor=1.0,
     )
-    return cfg, notes, plan.plan(cfg, hardware="mi300x")
+    return cfg, notes, plan(cfg, hardware="mi300x")
 
 
 # ----------------------------------------------------------------------------- hlo_stats on known programs
@@ -223,10 +226,10 @@ ENTRY %main (a: f32[40,16], i: s32[]) -> f32[1,16] {
 
 
 def test_parse_mesh_and_planning_config():
-    assert plan.parse_mesh("data:2,expert:4") == {"data": 2, "context": 1, "expert": 4}
+    assert parse_mesh("data:2,expert:4") == {"data": 2, "context": 1, "expert": 4}
     with pytest.raises(ValueError, match="axis:size"):
-        plan.parse_mesh("model:8")
-    cfg, notes = plan.planning_config(
+        parse_mesh("model:8")
+    cfg, notes = planning_config(
         load_config(TINY),
         mesh={"data": 2, "context": 2, "expert": 2},
         seq_len=64,
@@ -323,18 +326,16 @@ def test_remat_auto_picks_first_policy_that_fits(monkeypatch):
         peak = {"none": 300e9, "dots": 150e9, "full": 90e9}[cfg.model.remat]
         return {"memory": {"peak": peak}, "fits": peak < 182e9, "setup": {"compile_s": 0.0}}
 
-    monkeypatch.setattr(plan, "plan", fake_plan)
-    result = plan.plan_auto_remat(load_config(TINY))
+    monkeypatch.setattr("zaya_jax.planning.plan.plan", fake_plan)
+    result = plan_auto_remat(load_config(TINY))
     assert calls == ["none", "dots"] and result["remat_auto"]["chosen"] == "dots"
 
 
 def test_compile_scaling_hlo_size():
     """80 vs 8 layers: the layer scan keeps the program size constant (a deterministic stand-in for compile
     cost). Compile times are reported, not asserted."""
-    cfg, _ = plan.planning_config(
-        plan.small_width(load_config(TINY), seq_len=64), mesh={"data": 8}, capacity_factor=1.0
-    )
-    result = plan.compile_scaling(cfg, depths=(8, 80), compile=True, fast_compile=True, warmup=False)
+    cfg, _ = planning_config(small_width(load_config(TINY), seq_len=64), mesh={"data": 8}, capacity_factor=1.0)
+    result = compile_scaling(cfg, depths=(8, 80), compile=True, fast_compile=True, warmup=False)
     ratios = result["ratios"]
     print("\ncompile scaling 80 vs 8 layers:", json.dumps({k: round(v, 3) for k, v in ratios.items()}))
     assert ratios["stablehlo_chars"] < 1.5 and ratios["hlo_instructions"] < 1.5 and ratios["hlo_chars"] < 1.5
@@ -422,8 +423,8 @@ def test_sweep_writes_csv_and_png(tmp_path):
 
 def test_plan_on_one_device():
     """One device: no collective is needed and none is made (the wire / minimum ratio is 1, not a division by 0)."""
-    cfg, _ = plan.planning_config(load_config(TINY), mesh={"data": 1}, seq_len=128, remat="none", num_devices=1)
-    result = plan.plan(cfg, devices=jax.devices()[:1])
+    cfg, _ = planning_config(load_config(TINY), mesh={"data": 1}, seq_len=128, remat="none", num_devices=1)
+    result = plan(cfg, devices=jax.devices()[:1])
     assert result["setup"]["mesh"] == {"data": 1, "context": 1, "expert": 1} and result["fits"]
     assert result["summary"]["collective_wire_over_zero1_minimum"] == 1.0
 
@@ -434,11 +435,9 @@ def test_plan_context_parallel_zigzag():
     config = load_config(TINY)
     config.mesh.context_layout = "zigzag"
     with pytest.raises(ConfigError, match=r"not divisible by mesh.context=2 x 2"):
-        plan.planning_config(config, mesh={"data": 4, "context": 2}, seq_len=250)
-    cfg, _ = plan.planning_config(
-        config, mesh={"data": 4, "context": 2}, seq_len=256, remat="none", capacity_factor=1.0
-    )
-    result = plan.plan(cfg)
+        planning_config(config, mesh={"data": 4, "context": 2}, seq_len=250)
+    cfg, _ = planning_config(config, mesh={"data": 4, "context": 2}, seq_len=256, remat="none", capacity_factor=1.0)
+    result = plan(cfg)
     assert result["setup"]["mesh"] == {"data": 4, "context": 2, "expert": 1} and result["fits"]
     assert result["collectives"]["collective-permute"]["count"] > 0
     fl = result["flops"]
@@ -449,7 +448,7 @@ def test_plan_context_parallel_zigzag():
 
 
 def test_widened_parameter_bytes_counts_fp32_copies_of_bf16_parameters():
-    from zaya_jax.hlo_text import widened_parameter_bytes
+    from zaya_jax.planning.hlo_text import widened_parameter_bytes
 
     text = """HloModule m
 
@@ -474,7 +473,7 @@ ENTRY %main (p0: bf16[4,8], p1: bf16[2,3], p2: f32[5]) -> f32[4,8] {
 @pytest.mark.parametrize("chunk", [0, 64, 32])
 def test_chunked_attention_executes_the_share_of_the_square_the_planner_counts(chunk):
     """Forward + backward dot FLOPs of `causal_attention` in the compiled HLO = 3 × (n + 1)/2n × the full
-    S×S square (QKᵀ and PV: 4·n_q·d·S² forward) for n query blocks, as `plan.analytic_flops` assumes."""
+    S×S square (QKᵀ and PV: 4·n_q·d·S² forward) for n query blocks, as `analytic_flops` assumes."""
     from zaya_jax.kernels.attention import attention_chunks, causal_attention
 
     b, s, nq, nkv, d = 1, 256, 4, 2, 16

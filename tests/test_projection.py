@@ -1,4 +1,4 @@
-"""The analytic side of the planner (`zaya_jax.projection`): byte model, Newton–Schulz traffic, ZeRO-1 minimum,
+"""The analytic side of the planner (`zaya_jax.planning.projection`): byte model, Newton–Schulz traffic, ZeRO-1 minimum,
 checked against hand-computed values for small, explicit parameter trees."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from zaya_jax import projection
-from zaya_jax.cluster import Cluster
 from zaya_jax.config import load_config
+from zaya_jax.planning import projection
+from zaya_jax.planning.cluster import Cluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "experiments", "zaya1_tiny.py")

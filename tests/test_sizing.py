@@ -9,8 +9,8 @@ import warnings
 
 import pytest
 
-from zaya_jax import sizing
 from zaya_jax.config import load_config, model_config
+from zaya_jax.planning import sizing
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BAD_CONFIG = """

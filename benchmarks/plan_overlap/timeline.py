@@ -4,7 +4,7 @@
 
 Per plan, three lanes on one time axis (ms): compute (every executed dot FLOP at the bf16 peak), memory-bound
 passes (the analytic byte model), collectives — the part the planner counts as hidden under the compute of
-the loop body it is issued in (`zaya_jax/overlap.py`) drawn hatched under the end of the backward pass, the
+the loop body it is issued in (`zaya_jax/planning/overlap.py`) drawn hatched under the end of the backward pass, the
 exposed rest after it. The planner's model adds the three in series; only hidden collectives overlap.
 """
 

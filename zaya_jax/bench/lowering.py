@@ -29,7 +29,7 @@ from zaya_jax import kernels as kernel_choice
 from zaya_jax.inference.cache import dropless
 from zaya_jax.inference.generate import trace_generate
 from zaya_jax.model import abstract_model
-from zaya_jax.plan import lower_train_step
+from zaya_jax.planning.abstract_step import lower_train_step
 
 CPU_ONLY = {  # what XLA:CPU specialisations leave in a module, by a regex on its StableHLO text
     "bf16↔uint16 bitcast": re.compile(r"stablehlo\.bitcast_convert .*(bf16.*ui16|ui16.*bf16)"),

@@ -1,5 +1,5 @@
 """Section 5: the compiled step's peak memory and compile time on this device against what the planner predicts
-for the same config on one device (`zaya_jax.plan.plan`, what `python -m launch.plan --mesh=data:1` prints).
+for the same config on one device (`zaya_jax.planning.plan.plan`, what `python -m launch.plan --mesh=data:1` prints).
 
 The planner compiles on the CPU (XLA:CPU, the kernels `auto` picks there), so it runs in a CPU-only process; its
 `peak` is that program's, `peak_without_cpu_copies` its estimate for a bf16 accelerator (without the fp32 copies
@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from zaya_jax import hlo_text, plan, sizing
 from zaya_jax.bench.gpu_check.cases import ConfigRef
 from zaya_jax.bench.gpu_check.report import Section, sig
+from zaya_jax.planning import hlo_text, sizing
+from zaya_jax.planning.abstract_step import FAST_COMPILE, lower_train_step, planning_config
+from zaya_jax.planning.plan import compiled_memory
 
 GiB = 2**30
 
@@ -28,11 +30,11 @@ def hardware_name() -> str:
 
 def planned_memory(config: ConfigRef, hardware: str) -> dict:
     """The planner's memory figures for `config` on one (CPU) device, keeping its dispatch, capacity factor and
-    batch: `plan.planning_config`, the step lowered on abstract state (`plan.lower_train_step`), compiled as the
+    batch: `planning_config`, the step lowered on abstract state (`lower_train_step`), compiled as the
     planner compiles it, read as `plan.plan` reads it (peak; peak without XLA:CPU's fp32 parameter copies).
     Not `plan.plan` itself: its collective ratio divides by the ZeRO-1 minimum, which is 0 on one device."""
     cfg = config.load()
-    cfg, _ = plan.planning_config(
+    cfg, _ = planning_config(
         cfg,
         mesh={"data": 1},
         batch_per_device=cfg.train.global_batch_size // cfg.train.microbatches,
@@ -41,10 +43,10 @@ def planned_memory(config: ConfigRef, hardware: str) -> dict:
         num_devices=1,
     )
     t0 = time.perf_counter()
-    lowered, _, _ = plan.lower_train_step(cfg, jax.devices()[:1])
-    compiled = lowered.compile(compiler_options=plan.FAST_COMPILE)
+    lowered, _, _ = lower_train_step(cfg, jax.devices()[:1])
+    compiled = lowered.compile(compiler_options=FAST_COMPILE)
     seconds = time.perf_counter() - t0
-    mem = plan._memory(compiled)  # noqa: SLF001 — the planner's reading of memory_analysis()
+    mem = compiled_memory(compiled)  # the planner's reading of memory_analysis()
     copies = hlo_text.widened_parameter_bytes(compiled.as_text())
     return {
         "peak": mem["peak"],

@@ -1,5 +1,5 @@
 """Section 2: bf16 GEMM peak and HBM bandwidth, by the project's microbenchmarks (`zaya_jax.bench.gemm`,
-`zaya_jax.bench.membw`), next to the device's data-sheet figures (`zaya_jax.sizing.HARDWARE`).
+`zaya_jax.bench.membw`), next to the device's data-sheet figures (`zaya_jax.planning.sizing.HARDWARE`).
 
 The measured GEMM peak is the achievable ceiling section 4 computes one of its two MFUs against.
 """
@@ -11,9 +11,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from zaya_jax import sizing
 from zaya_jax.bench import gemm, membw
 from zaya_jax.bench.gpu_check.report import Section, sig
+from zaya_jax.planning import sizing
 
 
 @dataclasses.dataclass(frozen=True)

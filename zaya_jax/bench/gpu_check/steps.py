@@ -15,11 +15,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from zaya_jax import plan
 from zaya_jax.bench import common
-from zaya_jax.bench.train import make_batches
+from zaya_jax.bench.inputs import make_batches
 from zaya_jax.config import validate
 from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.planning.abstract_step import FAST_COMPILE
+from zaya_jax.planning.plan import compiled_memory
 from zaya_jax.train.loop import to_global
 from zaya_jax.train.setup import prepare
 
@@ -40,7 +41,7 @@ def one_device(config: ml_collections.ConfigDict, **overrides: Any) -> ml_collec
 
 
 def token_batch(config: ml_collections.ConfigDict, seed: int = 0) -> dict[str, np.ndarray]:
-    """One batch of uniform random token ids [B, S] (`bench.train.make_batches`), labels = the next tokens,
+    """One batch of uniform random token ids [B, S] (`bench.inputs.make_batches`), labels = the next tokens,
     every position counted."""
     t = config.train
     ids = make_batches(config.model.vocab_size, t.global_batch_size, t.seq_len + 1, 1, seed)[0].astype(np.int32)
@@ -61,8 +62,8 @@ class StepRun:
 
     def memory(self) -> dict[str, float]:
         """Compiled memory (`compiled.memory_analysis()`): argument, output, alias, temp and
-        peak = argument + output − alias + temp bytes, as `zaya_jax.plan` reads it."""
-        return plan._memory(self.compiled)  # noqa: SLF001 — the planner's own reading, not a second one
+        peak = argument + output − alias + temp bytes, as `zaya_jax.planning.plan` reads it."""
+        return compiled_memory(self.compiled)  # the planner's own reading, not a second one
 
     def step(self) -> dict:
         """Run one step on the batch; returns its metrics (on device)."""
@@ -94,7 +95,7 @@ class StepRun:
 
 def build(config: ml_collections.ConfigDict, fast_compile: bool = False, seed: int = 0) -> StepRun:
     """State on the first device, the step lowered and compiled ahead of time (setup / compile seconds kept).
-    fast_compile: the planner's options that skip LLVM optimisation (`plan.FAST_COMPILE`; smoke runs, where
+    fast_compile: the planner's options that skip LLVM optimisation (`FAST_COMPILE`; smoke runs, where
     compile time dominates and the step's speed does not matter)."""
     mesh = make_mesh(config, jax.devices()[:1])
     t0 = time.perf_counter()
@@ -103,7 +104,7 @@ def build(config: ml_collections.ConfigDict, fast_compile: bool = False, seed: i
     with jax.set_mesh(mesh):
         lowered = training.step.jitted.lower(training.state, batch)
     t1 = time.perf_counter()
-    compiled = lowered.compile(compiler_options=plan.FAST_COMPILE if fast_compile else None)
+    compiled = lowered.compile(compiler_options=FAST_COMPILE if fast_compile else None)
     t2 = time.perf_counter()
     return StepRun(config, mesh, training.state, compiled, batch, t1 - t0, t2 - t1)
 

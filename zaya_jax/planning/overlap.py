@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from zaya_jax.cluster import Cluster
-from zaya_jax.hlo_stats import HloStats
+from zaya_jax.planning.cluster import Cluster
+from zaya_jax.planning.hlo_stats import HloStats
 
 
 @dataclasses.dataclass(frozen=True)

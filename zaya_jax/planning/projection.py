@@ -58,12 +58,12 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from zaya_jax import sizing
-from zaya_jax.cluster import Cluster, Stage
 from zaya_jax.config import CONTEXT_CHUNKS
 from zaya_jax.keys import leaf_name
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.moe import capacity
+from zaya_jax.planning import sizing
+from zaya_jax.planning.cluster import Cluster, Stage
 from zaya_jax.train import optimizer as optimizer_lib
 
 NS_DTYPE_BYTES = 4  # Newton–Schulz iterates in fp32 (`train.optimizer.orthogonalize`)

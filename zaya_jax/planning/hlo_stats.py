@@ -14,8 +14,8 @@ bytes, and the collectives of the branch with the most wire bytes) — not the s
 * collectives: operand bytes of every all-reduce / all-gather / reduce-scatter / all-to-all /
   collective-permute (async `-start` forms included; a bf16 collective that XLA:CPU widened to f32 with
   converts around it counts in bf16, as an accelerator sends it), weighted by the execution count, with the device
-  groups parsed from `replica_groups` (`zaya_jax.hlo_collectives`) for bus-bandwidth factors; every
-  collective instruction with its executions per run is in `collective_ops` (for `zaya_jax.cluster`).
+  groups parsed from `replica_groups` (`zaya_jax.planning.hlo_collectives`) for bus-bandwidth factors; every
+  collective instruction with its executions per run is in `collective_ops` (for `zaya_jax.planning.cluster`).
 * `hbm_bytes`: operand + result bytes of every top-level instruction (fusion bodies excluded), slicing-aware
   like XLA's cost analysis (a sliced fusion parameter counts its slice, an in-place dynamic-update-slice its
   update); `hbm_bytes_once` reproduces `cost_analysis()["bytes accessed"]` to a few percent.
@@ -31,7 +31,7 @@ import re
 from collections import defaultdict
 from typing import Callable
 
-from zaya_jax.hlo_collectives import (
+from zaya_jax.planning.hlo_collectives import (
     COLLECTIVES,
     WIRE_FACTOR,
     CollectiveOp,
@@ -39,7 +39,7 @@ from zaya_jax.hlo_collectives import (
     parse_groups,
     payload_bytes,
 )
-from zaya_jax.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
+from zaya_jax.planning.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
 
 __all__ = [
     "COLLECTIVES",

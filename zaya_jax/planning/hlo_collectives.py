@@ -1,8 +1,8 @@
 """Collective instructions of optimized HLO text: kinds, bus-bandwidth factors and device groups.
 
-`zaya_jax.hlo_stats` finds the collectives of a program; this module describes one of them
+`zaya_jax.planning.hlo_stats` finds the collectives of a program; this module describes one of them
 (`CollectiveOp`: kind, per-device operand bytes, the device groups it runs over) so that a network model
-(`zaya_jax.cluster`) can price it. Device ids in the groups are positions in the program's device
+(`zaya_jax.planning.cluster`) can price it. Device ids in the groups are positions in the program's device
 assignment, i.e. the flattened order of the mesh's devices (XLA's global device ids with
 `use_global_device_ids=true`).
 
@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from zaya_jax.hlo_text import ARRAY, DTYPE_BYTES, Instr, shape_bytes
+from zaya_jax.planning.hlo_text import ARRAY, DTYPE_BYTES, Instr, shape_bytes
 
 COLLECTIVES = (
     "all-reduce",

@@ -1,6 +1,6 @@
 """Optimized HLO text (`compiled.as_text()`) split into computations and instructions, and shape sizes.
 
-The primitives `zaya_jax.hlo_stats` (costs) and `zaya_jax.hlo_collectives` (collectives) read it with.
+The primitives `zaya_jax.planning.hlo_stats` (costs) and `zaya_jax.planning.hlo_collectives` (collectives) read it with.
 """
 
 from __future__ import annotations

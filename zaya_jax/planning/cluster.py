@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from zaya_jax.hlo_collectives import CollectiveOp
+from zaya_jax.planning.hlo_collectives import CollectiveOp
 
 # [Z] 128 nodes × 8 MI300X, 8 Pollara 400 NICs per node (one per GPU), rails-only (arXiv 2511.17127 §2)
 GPUS_PER_NODE = 8
