@@ -27,12 +27,13 @@ from absl import logging
 from jax.sharding import NamedSharding
 from tqdm import tqdm
 
-from zaya_jax import kernels, sizing
+from zaya_jax import kernels
 from zaya_jax.data.corpus import unigram_entropy
 from zaya_jax.data.pipeline import make_iterators
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.planning import sizing
 from zaya_jax.train import health, schedule
 from zaya_jax.train.metrics import MetricWriter, learning_rates, restart_rate_clock
 from zaya_jax.train.setup import prepare
