@@ -17,6 +17,9 @@ CPU device emulation: `--cpu_devices=N` (`launch.cpu_devices`; default 8, 1 for 
 train / moe / compile / checkpoint; 0 = as the environment says) sets jax's CPU device count before the
 backend starts; a count given on the command line wins over one in XLA_FLAGS.
 
+The train suite compares with peer stacks (transformers, MaxText): its code is `benchmarks/peers/`, part of a
+checkout but not of the installed package, so it runs from the repository root.
+
 Suites live in the `SUITES` registry: add one with `register_suite("train", "help")` on a
 function `(flags.FlagValues) -> None`; no other change is needed.
 """
@@ -137,11 +140,28 @@ def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = Fals
     config = validate(f.config) if f.config is not None else load_config(default)
     if not quick_model:
         return config
-    from zaya_jax.bench.train import QUICK_MODEL
+    from zaya_jax.bench.inputs import QUICK_MODEL
 
     config = config.copy_and_resolve_references()
     config.model.update(QUICK_MODEL)
     return validate(config)
+
+
+def _require_peers() -> None:
+    """One line (exit 78) unless benchmarks/peers/ imports: the peer comparisons live next to the recorded results
+    in a checkout of the repository and are not installed with zaya_jax."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("benchmarks.peers") is not None
+    except ModuleNotFoundError:  # no `benchmarks` package on the path
+        found = False
+    if not found:
+        cli.fail(
+            "bench",
+            f"--suite={FLAGS.suite} compares with peers (benchmarks/peers/, not installed with zaya_jax): "
+            "run it from the root of a zaya_jax checkout",
+        )
 
 
 @register_suite(
@@ -154,7 +174,9 @@ def _run_train(f: flags.FlagValues) -> None:
     (--separate_runs rounds, alternating; 0 = interleaved in one process); ends with one ratio line per dtype."""
     import os
 
-    from zaya_jax.bench import common, train
+    _require_peers()
+    from benchmarks.peers import train
+    from zaya_jax.bench import common
 
     dtypes = [f.dtype] if f.dtype else ["float32", "bfloat16"]
     lines = []
@@ -180,7 +202,8 @@ def _run_train(f: flags.FlagValues) -> None:
 
 
 def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str) -> list[dict]:
-    from zaya_jax.bench import common, train
+    from benchmarks.peers import train
+    from zaya_jax.bench import common
 
     config = train.bench_config(
         _bench_config(f, "experiments/zaya1_100m.py"),
@@ -193,7 +216,7 @@ def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str) -> list[dict]:
     )
     extra_rows, notes = [], []
     if not f.quick and not f.train_side:
-        from zaya_jax.bench import maxtext
+        from benchmarks.peers import maxtext
 
         mt = maxtext.row(f.maxtext_python, dtype)
         extra_rows.append(mt)
@@ -229,8 +252,8 @@ def _separate_train_runs(f: flags.FlagValues, dtype: str, out_dir: str) -> list[
     import os
     import subprocess
 
+    from benchmarks.peers import train
     from zaya_jax import host_memory
-    from zaya_jax.bench import train
 
     rounds = []
     for r in range(f.separate_runs):

@@ -16,12 +16,13 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOTS = ("zaya_jax", "launch", "experiments", "benchmarks")
-# the rooms of the package map, (room, module prefixes), in layers: a room imports only rooms listed above it
-PLANNER = ("plan", "projection", "cluster", "hlo_collectives", "hlo_stats", "hlo_text", "overlap")
+# the rooms of the package map, (room, module prefixes), in layers: a room imports only rooms listed above it; a
+# module is in the first room whose prefix matches (planning.sizing, the hardware table the trainer reads, sits
+# above the rest of planning; benchmarks.peers, which launch.bench runs, above launch/)
 ROOMS = (
     ("errors", ("zaya_jax.errors",)),
     ("keys", ("zaya_jax.keys",)),
-    ("sizing", ("zaya_jax.sizing",)),
+    ("sizing", ("zaya_jax.planning.sizing",)),
     ("host_memory", ("zaya_jax.host_memory",)),
     ("config", ("zaya_jax.config",)),
     ("parallel", ("zaya_jax.parallel",)),
@@ -32,8 +33,9 @@ ROOMS = (
     ("checkpoint", ("zaya_jax.checkpoint",)),
     ("hf", ("zaya_jax.hf",)),
     ("inference", ("zaya_jax.inference",)),
-    ("planner", tuple(f"zaya_jax.{name}" for name in PLANNER)),
+    ("planning", ("zaya_jax.planning",)),
     ("bench", ("zaya_jax.bench",)),
+    ("peers", ("benchmarks.peers",)),
     ("launch/", ("launch",)),
     ("experiments/", ("experiments",)),
     ("benchmarks/", ("benchmarks",)),

@@ -20,7 +20,8 @@ import sys
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from zaya_jax.bench.train import JaxTrainer, bench_config, make_batches  # noqa: E402
+from benchmarks.peers.train import JaxTrainer, bench_config  # noqa: E402
+from zaya_jax.bench.inputs import make_batches  # noqa: E402
 from zaya_jax.config import load_config  # noqa: E402
 
 

@@ -36,8 +36,10 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from benchmarks.peers import torch_ref
 from zaya_jax import host_memory
-from zaya_jax.bench import common, gemm, torch_ref
+from zaya_jax.bench import common, gemm
+from zaya_jax.bench.inputs import QUICK_MODEL, make_batches
 from zaya_jax.config import validate
 from zaya_jax.hf.io import model_arrays
 from zaya_jax.model.flops import train_flops_per_token
@@ -74,18 +76,6 @@ COLUMNS = (
     "notes",
 )
 SIDES = ("zaya_jax", "transformers")
-QUICK_MODEL = dict(
-    vocab_size=512,
-    hidden_size=64,
-    num_layers=2,
-    num_q_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    num_experts=4,
-    moe_intermediate_size=64,
-    router_hidden_size=16,
-    max_position_embeddings=256,
-)
 
 
 def bench_config(
@@ -118,12 +108,6 @@ def bench_config(
     c.optimizer.grad_clip_norm = 0.0
     c.mesh.data, c.mesh.expert, c.mesh.context = -1, 1, 1
     return validate(c)
-
-
-def make_batches(vocab: int, batch: int, seq: int, n: int, seed: int = 0) -> list[np.ndarray]:
-    """n batches of token ids [batch, seq] in [1, vocab) (id 0 is HF's padding row)."""
-    rng = np.random.default_rng(seed)
-    return [rng.integers(1, vocab, size=(batch, seq), dtype=np.int64) for _ in range(n)]
 
 
 def adamw_hparams(config: ml_collections.ConfigDict) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from zaya_jax.bench import train
+from benchmarks.peers import train
 
 SETTINGS = dict(
     decoder_block="mixtral",

@@ -2,8 +2,8 @@
 `torch.optim.AdamW`, built from a zaya_jax model's weights (`zaya_jax.hf` mapping), so both sides start
 from identical parameters and see identical batches.
 
-torch and transformers are optional: `available()` says whether they import; nothing here is imported
-by the package unless a benchmark asks for the reference.
+torch and transformers are optional: `available()` says whether they import; torch is imported only when a
+benchmark asks for the reference.
 """
 
 from __future__ import annotations
