@@ -26,7 +26,6 @@ function `(flags.FlagValues) -> None`; no other change is needed.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 from launch.cpu_devices import prepare_host
@@ -172,101 +171,26 @@ def _require_peers() -> None:
 def _run_train(f: flags.FlagValues) -> None:
     """Per dtype (--dtype, else float32 and bfloat16): our step vs transformers, each side in its own process
     (--separate_runs rounds, alternating; 0 = interleaved in one process); ends with one ratio line per dtype."""
-    import os
-
     _require_peers()
-    from benchmarks.peers import train
-    from zaya_jax.bench import common
+    from benchmarks.peers import suite
 
-    dtypes = [f.dtype] if f.dtype else ["float32", "bfloat16"]
-    lines = []
-    for dtype in dtypes:
-        out = f.out if len(dtypes) == 1 else os.path.join(f.out, dtype)
-        rows = _train_one_dtype(f, dtype, out)
-        ratio = next(
-            (
-                r["ratio_vs_transformers"]
-                for r in rows
-                if r["impl"] == "zaya_jax"
-                and r.get("optimizer") == "adamw"
-                and train.is_finite_positive(r.get("ratio_vs_transformers"))
-            ),
-            None,
-        )
-        if ratio is not None:
-            lines.append(f"ratio vs transformers ({dtype}): {ratio:.2f}x")
-    if lines and common.is_writer() and not f.train_side:
-        with open(os.path.join(f.out, "ratios.txt"), "w", encoding="utf-8") as fh:
-            fh.write("\n".join(lines) + "\n")
-        print("\n".join(lines), flush=True)
-
-
-def _train_one_dtype(f: flags.FlagValues, dtype: str, out: str) -> list[dict]:
-    from benchmarks.peers import train
-    from zaya_jax.bench import common
-
-    config = train.bench_config(
-        _bench_config(f, "experiments/zaya1_100m.py"),
+    options = suite.Options(
+        out=f.out,
+        dtypes=[f.dtype] if f.dtype else ["float32", "bfloat16"],
         quick=f.quick,
         batch=f.batch,
-        seq=f.seq_len,
+        seq_len=f.seq_len,
         dispatch=f.dispatch,
-        dtype=dtype,
         remat=f.remat,
-    )
-    extra_rows, notes = [], []
-    if not f.quick and not f.train_side:
-        from benchmarks.peers import maxtext
-
-        mt = maxtext.row(f.maxtext_python, dtype)
-        extra_rows.append(mt)
-        if "tokens_per_s" in mt:
-            extra_rows.append(maxtext.matched_row(config, mt, steps=f.trials or 3))
-    rows = None
-    if f.separate_runs and not f.train_side:
-        rows = train.pool_rounds(config, _separate_train_runs(f, dtype, out))
-        notes.append(
-            f"each side ran alone in its own process, {f.separate_runs} rounds"
-            + (" alternating zaya_jax / transformers" if f.reference else "")
-            + " (`--separate_runs`); step times pooled over the rounds"
-        )
-    return train.run(
-        out,
-        config,
-        command=common.command_line(),
-        steps=f.trials or (2 if f.quick else 3),
-        warmup=f.warmup if f.warmup is not None else 1,
-        optimizers=f.optimizers or (["adamw"] if f.quick else ["adamw", "muon"]),
+        trials=f.trials,
+        warmup=f.warmup,
+        optimizers=f.optimizers,
         reference=f.reference,
-        gemm_size=256 if f.quick else 1024,
-        extra_rows=extra_rows,
-        extra_notes=notes,
-        rows=rows,
-        sides=[f.train_side] if f.train_side else train.SIDES,
+        separate_runs=f.separate_runs,
+        train_side=f.train_side,
+        maxtext_python=f.maxtext_python,
     )
-
-
-def _separate_train_runs(f: flags.FlagValues, dtype: str, out_dir: str) -> list[list[dict]]:
-    """Re-run this command once per side and round, each in a fresh process; their rows (train_rows.json)."""
-    import json
-    import os
-    import subprocess
-
-    from benchmarks.peers import train
-    from zaya_jax import host_memory
-
-    rounds = []
-    for r in range(f.separate_runs):
-        for side in train.SIDES if f.reference else ("zaya_jax",):
-            out = os.path.join(out_dir, "runs", f"{r}_{side}")
-            cmd = [sys.executable, *sys.orig_argv[1:], f"--train_side={side}", f"--out={out}", f"--dtype={dtype}"]
-            print(f"train: round {r} {side} ({dtype}): {' '.join(cmd[1:])}", flush=True)
-            # each side in its own best setting: our launchers' huge-page malloc tunable slows PyTorch down
-            env = host_memory.default_malloc_env() if side == "transformers" else None
-            subprocess.run(cmd, check=True, env=env)
-            with open(os.path.join(out, "train_rows.json"), encoding="utf-8") as fh:
-                rounds.append(json.load(fh))
-    return rounds
+    suite.run(options, _bench_config(f, "experiments/zaya1_100m.py"))
 
 
 @register_suite("moe", "MoE block / dense SwiGLU of equal active FLOPs per dispatch (forward + backward)")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from benchmarks.peers import maxtext, train
+from benchmarks.peers import maxtext, suite, train
 from zaya_jax.bench import common
 from zaya_jax.config import default_config
 from zaya_jax.model.flops import train_flops_per_token
@@ -34,7 +34,7 @@ def test_quick_train_cli_without_reference_runs_only_our_side(tmp_path):
 
 def test_train_suite_quick(tmp_path):
     config = train.bench_config(default_config(), quick=True, batch=2, seq=32)
-    rows = train.run(str(tmp_path), config, steps=1, warmup=1, gemm_size=64, command="pytest")
+    rows = suite.report(str(tmp_path), config, steps=1, warmup=1, gemm_size=64, command="pytest")
     got = {r["impl"]: r for r in rows}
     csv_rows = common.read_csv(str(tmp_path / "train.csv"))
     assert list(csv_rows[0]) == list(train.COLUMNS)
@@ -42,11 +42,11 @@ def test_train_suite_quick(tmp_path):
     assert "pytest" in md and "cpu_model" in md and "ratio_vs_transformers" in md
     ours = got["zaya_jax"]
     assert ours["tokens_per_s"] == pytest.approx(ours["tokens_per_step"] / ours["step_s_median"])
-    assert train.is_finite_positive(ours["mfu"]) and train.is_finite_positive(ours["gemm_peak_gflops"])
+    assert suite.is_finite_positive(ours["mfu"]) and suite.is_finite_positive(ours["gemm_peak_gflops"])
     assert ours["dropped_fraction"] == 0.0  # the default dispatch is dropless
     if "transformers" in got and "tokens_per_s" in got["transformers"]:
         ref = got["transformers"]
-        assert train.is_finite_positive(ours["ratio_vs_transformers"])
+        assert suite.is_finite_positive(ours["ratio_vs_transformers"])
         assert ours["ratio_vs_transformers"] == pytest.approx(ours["tokens_per_s"] / ref["tokens_per_s"])
         assert abs(ours["loss_first"] - ref["loss_first"]) < 1e-4  # same weights, same batch
         assert float(csv_rows[[r["impl"] for r in csv_rows].index("zaya_jax")]["ratio_vs_transformers"]) > 0

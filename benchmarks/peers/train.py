@@ -22,8 +22,6 @@ FLOPs are not model FLOPs and are not counted.
 
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import time
 from typing import Any, Sequence
@@ -323,84 +321,3 @@ def pool_rounds(config: ml_collections.ConfigDict, rounds: Sequence[Sequence[dic
             _row(impl, optimizer, config, times, runs[0]["_losses"], runs[0]["compile_s"], peak, notes, dropped)
         )
     return compare(pooled)
-
-
-TABLE_COLUMNS = (
-    "impl",
-    "optimizer",
-    "dispatch",
-    "dtype",
-    "step_s_median",
-    "step_s_min",
-    "tokens_per_s",
-    "ratio_vs_transformers",
-    "mfu",
-    "compile_s",
-    "loss_first",
-    "loss_last",
-    "max_abs_loss_diff",
-    "dropped_fraction",
-)
-
-
-def sections(rows: Sequence[dict[str, Any]], config: ml_collections.ConfigDict, extra: Sequence[str] = ()) -> list:
-    """Markdown (heading, body) sections around the results table: model geometry, losses per step, notes."""
-    m = config.model
-    geometry = (
-        f"hidden {m.hidden_size}, {m.num_layers} layers, {m.num_q_heads} q / {m.num_kv_heads} kv heads of "
-        f"{m.head_dim}, {m.num_experts} experts of width {m.moe_intermediate_size}, router "
-        f"{m.router_hidden_size}, vocab {m.vocab_size}; batch {config.train.global_batch_size} x "
-        f"{config.train.seq_len}"
-    )
-    losses = "\n".join(
-        f"- {r['impl']} ({r.get('optimizer', '')}): " + ", ".join(f"{x:.5f}" for x in r.get("_losses", []))
-        for r in rows
-        if r.get("_losses")
-    )
-    notes = "\n".join(f"- {r['impl']}: {r.get('notes', '')}" for r in rows)
-    return [
-        ("Model", geometry),
-        ("Losses per step (warm-up included)", losses),
-        ("Implementations", notes + "\n" + "\n".join(extra)),
-    ]
-
-
-def run(
-    out_dir: str,
-    config: ml_collections.ConfigDict,
-    *,
-    command: str | None = None,
-    extra_rows: Sequence[dict[str, Any]] = (),
-    extra_notes: Sequence[str] = (),
-    rows: Sequence[dict[str, Any]] | None = None,
-    **kwargs: Any,
-) -> list[dict[str, Any]]:
-    """`benchmark(config, **kwargs)` (or the given `rows`) reported as train.csv / train.md, plus
-    train_rows.json (rows with every step's time and loss, for `pool_rounds`)."""
-    rows = list(benchmark(config, log=common.say, **kwargs) if rows is None else rows) + list(extra_rows)
-    ratios = [
-        f"{r['optimizer']}: ratio vs transformers: {r['ratio_vs_transformers']:.2f}x; MFU {r['mfu']:.1%}"
-        for r in rows
-        if r["impl"] == "zaya_jax" and is_finite_positive(r.get("ratio_vs_transformers"))
-    ]
-    common.report(
-        out_dir,
-        "train",
-        rows,
-        title="Training throughput vs transformers",
-        table_columns=list(TABLE_COLUMNS),
-        csv_columns=COLUMNS,
-        sections=sections(rows, config, extra_notes),
-        notes=ratios,
-        command=command,
-    )
-    if common.is_writer():
-        common.write_json(os.path.join(out_dir, "train_rows.json"), rows)
-    return rows
-
-
-def is_finite_positive(x: Any) -> bool:
-    try:
-        return math.isfinite(float(x)) and float(x) > 0
-    except (TypeError, ValueError):
-        return False
