@@ -56,8 +56,9 @@ def mean_loss_and_grads(config, devices, batch: dict[str, np.ndarray]):
 
     @jax.jit
     def fn(params, biases, batch):
-        sums, grads, counts, dropped = loss_and_grads(graphdef, params, biases, batch, config)
-        return sums.ce / sums.tokens, jax.tree.map(lambda g: g / sums.tokens, grads), counts, dropped
+        grads, totals = loss_and_grads(graphdef, params, biases, batch, config)
+        n = totals.loss.tokens
+        return totals.loss.ce / n, jax.tree.map(lambda g: g / n, grads), totals.counts, totals.dropped
 
     with jax.set_mesh(mesh):
         batch = {k: jax.device_put(v, batch_sh) for k, v in batch.items()}

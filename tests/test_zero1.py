@@ -12,12 +12,12 @@ from flax import nnx
 from jax.sharding import AbstractMesh
 
 from tests.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
-from zaya_jax import hlo_stats
 from zaya_jax.config import default_config
-from zaya_jax.hlo_text import parse_computations
 from zaya_jax.model.zaya import abstract_model
 from zaya_jax.parallel.mesh import AXES, make_mesh
 from zaya_jax.parallel.owners import ns_flops
+from zaya_jax.planning import hlo_stats
+from zaya_jax.planning.hlo_text import parse_computations
 from zaya_jax.train import zero1
 from zaya_jax.train.optimizer import NS_SCOPE
 from zaya_jax.train.setup import prepare, prepare_abstract
@@ -88,7 +88,7 @@ def references():
     [(1, 1, "none"), (8, 1, "none"), (4, 2, "full"), (2, 4, "none"), (3, 1, "full"), (6, 1, "none")],
 )
 def test_zero1_gradients_equal_single_device_dense(references, data, expert, remat):
-    """remat=full: the layers' gradients are accumulated inside the backward pass (train.accumulate)."""
+    """remat=full: the layers' gradients are accumulated inside the backward pass (train.fused_backward)."""
     config = _config(data, expert, remat=remat)
     mesh, training = _setup(config)
     loss, grads, counts, dropped = jax.device_get(
@@ -191,7 +191,7 @@ def test_checkpoint_form_moves_between_device_counts():
 
 
 def _lowered(config):
-    from zaya_jax.plan import abstract_batch
+    from zaya_jax.planning.abstract_step import abstract_batch
 
     mesh = make_mesh(config, jax.devices()[: int(config.mesh.data) * int(config.mesh.expert)])
     training = prepare_abstract(config, mesh)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import jax  # noqa: E402
 from step_times import warmed_trainer  # noqa: E402  (this folder: scripts run from it)
 
-from zaya_jax.train.step import BATCH_KEYS  # noqa: E402
+from zaya_jax.train.microbatch import BATCH_KEYS  # noqa: E402
 
 STEPS = 3
 

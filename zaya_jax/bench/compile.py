@@ -19,9 +19,10 @@ import optax
 from zaya_jax.bench import common
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.train.microbatch import BATCH_KEYS
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state
-from zaya_jax.train.step import BATCH_KEYS, make_train_step
+from zaya_jax.train.step import make_train_step
 
 COLUMNS = (
     "layers",

@@ -16,9 +16,9 @@ from jax.sharding import NamedSharding
 from zaya_jax.config import validate_mesh
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, parse_mesh_spec, resolve_mesh_shape
+from zaya_jax.train.microbatch import BATCH_KEYS
 from zaya_jax.train.schedule import check_layout
 from zaya_jax.train.setup import prepare_abstract
-from zaya_jax.train.step import BATCH_KEYS
 
 # XLA options that only shorten LLVM code generation; HLO passes, buffer assignment and cost analysis are
 # unchanged (the planner never runs the program).

@@ -1,17 +1,15 @@
 """The ZeRO-1 optimizer update on one device, inside the train step's `shard_map` over all mesh axes
 (arXiv 2511.17127 §2: ZeRO-1 distributed optimizer, distributed Muon; docs/parallelism.md).
 
-Per group (`zaya_jax.train.zero1`), with n devices, s owner slots of S elements and C flat elements each:
+It runs between the step's reduce-scatter and all-gather (`zaya_jax.train.zero1_step`). Per group
+(`zaya_jax.train.zero1`), with s owner slots of S elements and C flat elements on each device, given the mean
+gradients of exactly what the device owns ([s, S] and [C], fp32):
 
-1. `reduce_scatter`: the locally summed gradients, packed in the owner layout ([n·s, S] Muon slots and
-   [n·C] AdamW elements, in `train.grad_reduce_dtype`), are reduce-scattered: each device receives the sums
-   of exactly what it owns ([s, S] and [C]);
-2. global-norm clipping (one scalar all-reduce over every device);
-3. `muon_update`: momentum, then Newton–Schulz per owned matrix — a `lax.scan` over the device's slots whose
+1. global-norm clipping (one scalar all-reduce over every device);
+2. `muon_update`: momentum, then Newton–Schulz per owned matrix — a `lax.scan` over the device's slots whose
    body `lax.switch`es on the slot's type (its pattern of matrix shapes), so a device orthogonalises only
    matrices it owns and no collective runs inside Newton–Schulz; `adam_update`: AdamW on the owned elements;
-   both with decoupled weight decay and the group's scheduled learning rate, on fp32 master weights;
-4. `all_gather`: the updated master weights, cast to the compute dtype, are all-gathered once.
+   both with decoupled weight decay and the group's scheduled learning rate, on fp32 master weights.
 
 The math mirrors `zaya_jax.train.optimizer.make_optimizer` (optax's update order and bias corrections), which
 tests use as the single-device reference.
@@ -28,47 +26,8 @@ import ml_collections
 from zaya_jax.parallel.mesh import AXES
 from zaya_jax.parallel.owners import EMPTY, FlatLayout, SlotLayout
 from zaya_jax.train import optimizer as optimizer_lib
-from zaya_jax.train.zero1 import Group, GroupState
-
-
-def reduce_scatter(group: Group, slots: jax.Array, flat: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """[n·s, S] (packed order), [n·C] local partial sums → [s, S], [C]: sums over the group's devices of what
-    this device owns (with layer chunks, chunk by chunk: [C, n·s_c, S] → [C, s_c, S])."""
-
-    def rs(x, dim=0):
-        return jax.lax.psum_scatter(x, group.axes, scatter_dimension=dim, tiled=True) if x.size else x
-
-    return _by_chunk(group, slots, rs), rs(flat)
-
-
-def _by_chunk(group: Group, slots: jax.Array, fn) -> jax.Array:
-    """`fn(x, dim)` scatters or gathers dim `dim` of x: on slots [r, S] itself (one chunk), or with C layer
-    chunks on slots viewed as [C, r / C, S] along dim 1 (every chunk's rows split over the devices)."""
-    chunks = group.slots.chunks
-    if chunks == 1 or not slots.size:
-        return fn(slots, 0)
-    return fn(slots.reshape(chunks, -1, slots.shape[-1]), 1).reshape(-1, slots.shape[-1])
-
-
-def all_gather(
-    group: Group, slots: jax.Array, flat: jax.Array, dtype, as_bits: bool = False
-) -> tuple[jax.Array, jax.Array]:
-    """[s, S], [C] owned master weights → [n·s, S] (packed order), [n·C] everyone's, in `dtype`.
-
-    as_bits: 2-byte dtypes travel as uint16 (`Kernels.collectives_as_bits`: XLA:CPU runs bf16 collectives in
-    fp32; a gather only moves bits)."""
-    bits = jnp.uint16 if as_bits and jnp.dtype(dtype).itemsize == 2 else None
-
-    def ag(x, axis=0):
-        x = x.astype(dtype)
-        if not x.size:
-            return x
-        if bits is not None:
-            x = jax.lax.bitcast_convert_type(x, bits)
-        y = jax.lax.all_gather(x, group.axes, axis=axis, tiled=True)
-        return jax.lax.bitcast_convert_type(y, dtype) if bits is not None else y
-
-    return _by_chunk(group, slots, ag), ag(flat)
+from zaya_jax.train.zero1 import Group
+from zaya_jax.train.zero1_state import GroupState
 
 
 def group_index(group: Group) -> jax.Array:
@@ -188,12 +147,3 @@ def update(
             master_flat, mu, nu = adam_update(group.flat, index, state, g_flat * factor, new_count, lr_adam, o)
         out.append(GroupState(master_slots, momentum, master_flat, mu, nu))
     return tuple(out), norm
-
-
-def local_group_state(state: GroupState) -> GroupState:
-    """Inside the step's shard_map the [O, rows, ...] arrays arrive as [1, s, ...]: this device's [s, S] / [C]."""
-    return GroupState(*(x[0] for x in state))
-
-
-def global_group_state(state: GroupState) -> GroupState:
-    return GroupState(*(x[None] for x in state))

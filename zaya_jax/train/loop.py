@@ -36,8 +36,8 @@ from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning import sizing
 from zaya_jax.train import health, schedule
 from zaya_jax.train.metrics import MetricWriter, learning_rates, restart_rate_clock
+from zaya_jax.train.microbatch import BATCH_KEYS, micro_loss
 from zaya_jax.train.setup import prepare
-from zaya_jax.train.step import BATCH_KEYS, micro_loss
 
 
 def to_global(batch: dict[str, np.ndarray], mesh) -> dict[str, jax.Array]:
@@ -77,7 +77,7 @@ def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: 
 
 MEASURE_PEAK_HINT = (
     "MFU is not reported: no peak for device kind {kind!r} in the hardware table "
-    "(zaya_jax.sizing.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
+    "(zaya_jax.planning.sizing.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
     "square GEMM's tflops_best, in TFLOP/s) and pass it as --config.train.peak_tflops=<value>"
 )
 
@@ -86,7 +86,7 @@ def mesh_peak_flops(config: ml_collections.ConfigDict) -> float | None:
     """Peak FLOP/s of all the devices the step runs on, the denominator of MFU (no benchmark is run).
 
     Per device: `train.peak_tflops` when > 0, else the hardware table for the device kind and `model.dtype`
-    (`zaya_jax.sizing.peak_flops`); None when neither is known (CPU). Accelerators count every device; emulated
+    (`zaya_jax.planning.sizing.peak_flops`); None when neither is known (CPU). Accelerators count every device; emulated
     CPU devices share their host's cores, so on CPU a (measured) peak counts once per process.
     """
     device = jax.devices()[0]

@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple
 import ml_collections
 from jax.sharding import Mesh
 
-from zaya_jax.train import schedule, zero1
+from zaya_jax.train import schedule, zero1_state
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state, create_train_state
 from zaya_jax.train.step import make_train_step
@@ -31,7 +31,7 @@ class Training(NamedTuple):
     checkpoint_target: Any  # abstract canonical TrainState with shardings: what checkpoints store / restore into
     to_checkpoint: Callable  # state -> canonical TrainState
     from_checkpoint: Callable  # canonical TrainState -> state
-    zero1: Any = None  # zaya_jax.train.zero1.Zero1Setup of a ZeRO-1 run (owner layouts, shardings)
+    zero1: Any = None  # zaya_jax.train.zero1_state.Zero1Setup of a ZeRO-1 run (owner layouts, shardings)
 
 
 def _identity(x):
@@ -42,9 +42,9 @@ def _build(config: ml_collections.ConfigDict, mesh: Mesh, model: Any, abstract: 
     tx, lr_fn = make_optimizer(config), schedule.learning_rate_schedules(config)["muon"]
     if config.train.param_sharding == "zero1":
         if abstract:
-            graphdef, setup, state = zero1.zero1_setup(config, mesh, tx)
+            graphdef, setup, state = zero1_state.zero1_setup(config, mesh, tx)
         else:
-            graphdef, setup, state = zero1.create_zero1_state(config, mesh, tx, model)
+            graphdef, setup, state = zero1_state.create_zero1_state(config, mesh, tx, model)
         step = make_zero1_train_step(graphdef, setup, config, mesh, lr_fn)
         return Training(
             graphdef,

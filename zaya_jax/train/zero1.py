@@ -1,38 +1,29 @@
-"""ZeRO-1 state: replicated compute-dtype parameters, and fp32 master weights + optimizer state split over the
-devices by owner layouts (`zaya_jax.parallel.owners`; arXiv 2511.17127 §2; docs/parallelism.md).
+"""The ZeRO-1 owner layout (arXiv 2511.17127 §2; docs/parallelism.md): which device owns which parameter's
+optimizer work, and how gradients and weights are packed for the step's reduce-scatter and all-gather.
 
-    Zero1State.params   nnx.State in the compute dtype (`model.dtype`): what forward/backward read, replicated
-                        (routed experts split over `expert` under expert parallelism)
-    Zero1State.groups   per group (the devices a parameter is replicated over), global arrays split over those
-                        devices:
-                          master_slots, momentum  [O, n·s, S] fp32   Muon matrices in owner slots
-                          master_flat, adam_mu, adam_nu  [O, n·C] fp32   AdamW leaves, flattened
-                        O = the number of shards of the group's parameters (expert-axis size for the routed
-                        experts under expert parallelism, else 1).
-
-The layouts depend on the device count, so checkpoints hold the *canonical* form instead — the per-parameter
-`TrainState` of `zaya_jax.train.state` (fp32 params + the optax state of `train.optimizer.make_optimizer`),
-which the other parameter shardings use directly and which Orbax restores onto any mesh. `to_canonical` /
-`from_canonical` convert (jitted; they run at save and restore time only).
+Parameters replicated over the same devices form a `Group` (per group: the devices `axes`, and `outer`, the
+axes that split its parameters, e.g. `expert` for the routed experts under expert parallelism). Each group
+has two layouts (`zaya_jax.parallel.owners`): Muon matrices in owner *slots* [n·s, S] (n devices, s slots of
+S elements each; every matrix in exactly one slot, so one device orthogonalises it) and the elementwise AdamW
+leaves *flat* [n·C].
 
 `pack_*` / `unpack_*` move between parameter-shaped trees and the layouts. On one device's local arrays
-(inside the train step's `shard_map`) they build the reduce-scatter input and read the all-gather output;
-on global arrays (`*_global`) they convert whole states.
+(inside the train step's `shard_map`, `zaya_jax.train.zero1_step`) they build the reduce-scatter input and read
+the all-gather output; on global arrays (`*_global`) they convert whole states (`zaya_jax.train.zero1_state`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from zaya_jax.keys import path_name
@@ -42,7 +33,6 @@ from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
 from zaya_jax.parallel.owners import FlatLayout, Matrix, SlotLayout, overlap_chunks
 from zaya_jax.train import optimizer as optimizer_lib
-from zaya_jax.train.state import TrainState, abstract_train_state, canonical_builder, split_model
 
 Arrays = dict[str, jax.Array]  # parameter path name → array
 
@@ -147,7 +137,7 @@ def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any)
 
 def layer_chunks(config: ml_collections.ConfigDict, groups: list[Group]) -> int:
     """C layer chunks of the owner layouts: > 1 only when the step reduce-scatters inside the backward layer
-    loop (`train.overlap_collectives` with `model.remat=full`, `zaya_jax.train.accumulate`) and some chunking
+    loop (`train.overlap_collectives` with `model.remat=full`, `zaya_jax.train.fused_backward`) and some chunking
     costs little padding (`owners.overlap_chunks`)."""
     with_slots = [g.slots for g in groups if g.slots.num_bins]
     if not (config.train.overlap_collectives and config.model.remat == "full" and with_slots):
@@ -330,174 +320,3 @@ def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
         )(slots, flat)
         values.update({n: _merge_outer(layout, n, x, group) for n, x in parts.items()})
     return values
-
-
-class GroupState(NamedTuple):
-    master_slots: jax.Array  # [O, n·s, S] fp32
-    momentum: jax.Array  # [O, n·s, S] fp32 (Muon)
-    master_flat: jax.Array  # [O, n·C] fp32
-    adam_mu: jax.Array  # [O, n·C] fp32
-    adam_nu: jax.Array  # [O, n·C] fp32
-
-
-class Zero1State(NamedTuple):
-    step: jax.Array  # [] int32 optimizer steps taken
-    params: Any  # nnx.State in the compute dtype
-    groups: tuple[GroupState, ...]
-    count: jax.Array  # [] int32 optimizer updates (bias corrections of Muon's momentum and AdamW's moments)
-    biases: Any  # nnx.State of BalancingBias
-    balancing: Any  # balancing.BalancingState
-
-
-def state_specs(layout: Zero1Layout, abs_state: Zero1State, mesh: Mesh) -> Zero1State:
-    replicated = lambda tree: jax.tree.map(lambda _: P(), tree)  # noqa: E731
-    groups = tuple(GroupState(*(g.spec(x.ndim) for x in gs)) for g, gs in zip(layout.groups, abs_state.groups))
-    return Zero1State(
-        P(),
-        sharding.tree_specs(abs_state.params, mesh, "zero1", "param"),
-        groups,
-        P(),
-        replicated(abs_state.biases),
-        replicated(abs_state.balancing),
-    )
-
-
-def _optax_moments(opt_state: Any) -> tuple[Arrays, Arrays, Arrays, jax.Array]:
-    """(Muon momentum, Adam mu, Adam nu) by parameter name, and the update count, from the optax state."""
-    muon, mu, nu, counts = {}, {}, {}, []
-
-    def visit(node):
-        if isinstance(node, optimizer_lib.MuonState):
-            muon.update(_unmasked(node.mu))
-            counts.append(node.count)
-        elif isinstance(node, optax.ScaleByAdamState):
-            mu.update(_unmasked(node.mu))
-            nu.update(_unmasked(node.nu))
-            counts.append(node.count)
-        elif isinstance(node, optax.ScaleByScheduleState):
-            counts.append(node.count)
-        return node
-
-    jax.tree.map(visit, opt_state, is_leaf=_is_moment_state)
-    return muon, mu, nu, counts[0] if counts else jnp.zeros((), jnp.int32)
-
-
-def _is_moment_state(x) -> bool:
-    return isinstance(x, (optimizer_lib.MuonState, optax.ScaleByAdamState, optax.ScaleByScheduleState))
-
-
-def _unmasked(tree: Any) -> Arrays:
-    return dict(named_leaves(tree))  # optax.MaskedNode has no leaves
-
-
-def _with_moments(template: Any, muon: Arrays, mu: Arrays, nu: Arrays, count: jax.Array) -> Any:
-    """The optax state `template` (abstract) with its moment trees and counts filled in."""
-
-    def put(tree, values):
-        return jax.tree_util.tree_map_with_path(lambda p, _: values[path_name(p)], tree)
-
-    def visit(node):
-        if isinstance(node, optimizer_lib.MuonState):
-            return optimizer_lib.MuonState(count, put(node.mu, muon))
-        if isinstance(node, optax.ScaleByAdamState):
-            return optax.ScaleByAdamState(count, put(node.mu, mu), put(node.nu, nu))
-        if isinstance(node, optax.ScaleByScheduleState):  # the learning-rate schedules' step
-            return optax.ScaleByScheduleState(count)
-        raise ValueError(f"zero1: optimizer state {type(node).__name__} has no ZeRO-1 counterpart")
-
-    return jax.tree.map(visit, template, is_leaf=_is_moment_state)
-
-
-def from_canonical(layout: Zero1Layout, sizes: dict[str, int], canonical: TrainState) -> Zero1State:
-    """Canonical per-parameter TrainState (global arrays) → Zero1State (trace under jit with out shardings)."""
-    params = dict(named_leaves(canonical.params))
-    muon, mu, nu, count = _optax_moments(canonical.opt_state)
-    zeros = {n: jnp.zeros(x.shape, jnp.float32) for n, x in params.items()}
-    master = pack_global(layout, sizes, params)
-    moments = pack_global(layout, sizes, {**zeros, **muon})
-    adam = (pack_global(layout, sizes, {**zeros, **mu}), pack_global(layout, sizes, {**zeros, **nu}))
-    groups = tuple(GroupState(m[0], mo[0], m[1], a_mu[1], a_nu[1]) for m, mo, a_mu, a_nu in zip(master, moments, *adam))
-    compute = jax.tree.map(lambda x: x.astype(layout.compute_dtype), canonical.params)
-    return Zero1State(
-        canonical.step, compute, groups, jnp.asarray(count, jnp.int32), canonical.biases, canonical.balancing
-    )
-
-
-def to_canonical(layout: Zero1Layout, sizes: dict[str, int], state: Zero1State, opt_template: Any) -> TrainState:
-    """Zero1State → canonical TrainState (params in `model.param_dtype`, the optax state of `make_optimizer`)."""
-    master = unpack_global(layout, sizes, [(g.master_slots, g.master_flat) for g in state.groups])
-    muon = unpack_global(layout, sizes, [(g.momentum, g.master_flat) for g in state.groups])
-    mu = unpack_global(layout, sizes, [(g.master_slots, g.adam_mu) for g in state.groups])
-    nu = unpack_global(layout, sizes, [(g.master_slots, g.adam_nu) for g in state.groups])
-    params = fill(state.params, {n: x.astype(layout.param_dtype) for n, x in master.items()})
-    opt_state = _with_moments(opt_template, muon, mu, nu, state.count)
-    return TrainState(state.step, params, opt_state, state.biases, state.balancing)
-
-
-def named_shardings(mesh: Mesh, specs: Any) -> Any:
-    return jax.tree.map(lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
-
-
-# ----------------------------------------------------------------------------- creation
-
-
-class Zero1Setup:
-    """Everything the ZeRO-1 step and its checkpoints need besides the state itself."""
-
-    def __init__(
-        self,
-        layout: Zero1Layout,
-        sizes: dict,
-        shardings: Zero1State,
-        canonical_shardings: TrainState,
-        abstract_canonical: TrainState,
-    ):
-        self.layout, self.sizes = layout, sizes  # owner layouts; mesh axis sizes
-        self.shardings = shardings  # NamedShardings of the Zero1State
-        self.canonical_shardings = canonical_shardings  # of the per-parameter TrainState (checkpoints)
-        self.abstract_canonical = abstract_canonical  # ShapeDtypeStructs with shardings (Orbax restore target)
-        # The layouts do not map onto per-parameter shardings: gather the input first (one leaf at a time when
-        # memory is tight), then every device picks its own output shards. Save/restore time only.
-        everywhere = NamedSharding(jax.tree.leaves(shardings)[0].mesh, P())
-        gather = lambda tree: jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, everywhere), tree)  # noqa
-        self._to = jax.jit(
-            lambda s: to_canonical(layout, sizes, gather(s), abstract_canonical.opt_state),
-            out_shardings=canonical_shardings,
-        )
-        self._from = jax.jit(lambda c: from_canonical(layout, sizes, gather(c)), out_shardings=shardings)
-
-    def to_canonical(self, state: Zero1State) -> TrainState:
-        return self._to(state)
-
-    def from_canonical(self, canonical: TrainState) -> Zero1State:
-        return self._from(canonical)
-
-
-def zero1_setup(
-    config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation
-) -> tuple[Any, Zero1Setup, Zero1State]:
-    """(graphdef, setup, abstract Zero1State with shardings) for `config` on `mesh` — nothing is allocated."""
-    graphdef, abs_canonical, canonical_shardings = abstract_train_state(config, mesh, tx)
-    layout = build_layout(config, mesh, abs_canonical.params)
-    sizes = dict(mesh.shape)
-    abs_state = jax.eval_shape(lambda c: from_canonical(layout, sizes, c), abs_canonical)
-    shardings = named_shardings(mesh, state_specs(layout, abs_state, mesh))
-    abs_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abs_state, shardings)
-    return graphdef, Zero1Setup(layout, sizes, shardings, canonical_shardings, abs_canonical), abs_state
-
-
-def create_zero1_state(
-    config: ml_collections.ConfigDict, mesh: Mesh, tx: optax.GradientTransformation, model: Any = None
-) -> tuple[Any, Zero1Setup, Zero1State]:
-    """A fresh (or `model`'s) ZeRO-1 state built directly in its shardings. Returns (graphdef, setup, state)."""
-    graphdef, setup, _ = zero1_setup(config, mesh, tx)
-    build = canonical_builder(config, tx)
-    init = lambda *pb: from_canonical(
-        setup.layout,
-        setup.sizes,  # noqa: E731
-        build(nnx.merge(graphdef, *pb) if pb else None),
-    )
-    with jax.set_mesh(mesh):
-        fn = jax.jit(init, out_shardings=setup.shardings)
-        state = fn(*split_model(model)[1:]) if model is not None else fn()
-    return graphdef, setup, state

@@ -1,17 +1,19 @@
 """The ZeRO-1 train step (the default `train.param_sharding`), as the paper runs it (arXiv 2511.17127 §2;
-docs/parallelism.md): one `jax.shard_map` over every mesh axis, so each collective is explicit.
+docs/parallelism.md): one `jax.shard_map` over every mesh axis, so each collective is explicit. Read top to
+bottom, per device:
 
-Per device:
-1. forward/backward of its batch shard with the replicated compute-dtype parameters (`Zero1State.params`),
-   micro-batches accumulated locally in the owner layout (fp32), so no collective runs per micro-batch;
-2. reduce-scatter of the packed gradients in `train.grad_reduce_dtype` to their owners (with
-   `train.overlap_collectives`, the Muon matrices' chunk by chunk of layers inside the last micro-batch's
-   backward layer loop, `zaya_jax.train.accumulate`); loss sums, expert
-   counts and dropped counts are all-reduced (small);
+1. `local_grads`: forward/backward of the device's batch shard with the replicated compute-dtype parameters
+   (`Zero1State.params`), micro-batches summed locally in fp32 in the owner layout (`zaya_jax.train.zero1`)
+   by the shared micro-batch loop (`zaya_jax.train.microbatch`), so no collective runs per micro-batch;
+   with `model.remat=full` the backward pass itself adds each layer's gradients into the layout
+   (`zaya_jax.train.fused_backward`);
+2. `reduce_scatter`: the packed gradients in `train.grad_reduce_dtype` to their owners (with
+   `train.overlap_collectives`, the Muon matrices' rows chunk by chunk of layers inside the last
+   micro-batch's backward pass already); loss sums, expert counts and dropped counts are all-reduced (small);
 3. the owners' update (`zaya_jax.train.distributed_optimizer`: clipping, distributed Muon, AdamW) on fp32
    master weights;
-4. all-gather of the updated parameters in the compute dtype; the balancing controller's update (replicated,
-   from the global counts).
+4. `all_gather`: the updated parameters in the compute dtype, written into the (donated) previous ones; then
+   the balancing controller's update (replicated, from the global counts).
 
 Context parallelism (CP halos, K/V all-gather) and expert parallelism (all-to-all) run inside the model as
 explicit per-device collectives (`zaya_jax.parallel.mesh.in_manual_region`).
@@ -19,6 +21,7 @@ explicit per-device collectives (`zaya_jax.parallel.mesh.in_manual_region`).
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -32,13 +35,12 @@ from zaya_jax import kernels
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
-from zaya_jax.train import accumulate, schedule
 from zaya_jax.train import distributed_optimizer as dist
-from zaya_jax.train.accumulate import LAYERS
-from zaya_jax.train.step import BATCH_KEYS, balance_and_metrics, micro_loss, micro_split, zero_stats
+from zaya_jax.train import fused_backward, microbatch, schedule
+from zaya_jax.train.fused_backward import LAYERS
+from zaya_jax.train.microbatch import BATCH_KEYS, Totals, balance_and_metrics, micro_loss
 from zaya_jax.train.zero1 import (
-    Zero1Setup,
-    Zero1State,
+    Group,
     fill,
     local_shapes,
     named_leaves,
@@ -47,17 +49,54 @@ from zaya_jax.train.zero1 import (
     unpack_flat,
     unpack_slots,
 )
+from zaya_jax.train.zero1_state import GroupState, Zero1Setup, Zero1State
+
+Packed = list[tuple[jax.Array, jax.Array]]  # per group (Muon slots [rows, S], AdamW flat [n·C])
+
+# ----------------------------------------------------------------------------- 1. local gradients
 
 
-def _pack(setup: Zero1Setup, grads: Any, dtype, acc: list | None = None) -> list[tuple[jax.Array, jax.Array]]:
-    """Per group (slots [n·s, S], flat [n·C]) of `grads` in `dtype`, added to `acc` (in place) when given."""
+def local_grads(
+    graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup
+) -> tuple[Packed, Totals, bool]:
+    """This device's summed gradients packed in the owner layout in `train.grad_reduce_dtype` (per group slots
+    [n·s, S] and flat [n·C]), its Totals, and whether the slots are reduce-scattered already (then this
+    device's [s, S]). Either way no collective runs per micro-batch (bar the scattering pass's own)."""
+    grads_of = _fused_grads if config.model.remat == "full" else _packed_grads
+    return grads_of(graphdef, state, batch, config, setup, jnp.dtype(config.train.grad_reduce_dtype))
+
+
+def _pack(setup: Zero1Setup, grads: Any, acc: Packed) -> Packed:
+    """acc + `grads` (a parameter tree) in the owner layout (fp32, the slots added layer by layer in place)."""
     leaves = dict(named_leaves(grads))
     out = []
-    for k, g in enumerate(setup.layout.groups):
-        slots = pack_slots(g.slots, leaves, dtype, None if acc is None else acc[k][0])
-        flat = pack_flat(g.flat, leaves, dtype)
-        out.append((slots, flat if acc is None else acc[k][1] + flat))
+    for group, (slots, flat) in zip(setup.layout.groups, acc):
+        slots = pack_slots(group.slots, leaves, jnp.float32, slots)
+        out.append((slots, flat + pack_flat(group.flat, leaves, jnp.float32)))
     return out
+
+
+def _packed_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1Setup, reduce_dtype):
+    """`local_grads` by plain autodiff of each micro-batch, its gradients added into the packed fp32 layout."""
+    grad_fn = jax.grad(lambda p, mb: micro_loss(graphdef, p, state.biases, mb, config), has_aux=True)
+
+    def add_grads(acc, mb):
+        grads, aux = grad_fn(state.params, mb)
+        return _pack(setup, grads, acc), aux
+
+    packed, totals = microbatch.accumulate(add_grads, _empty(setup), batch, config)
+    return jax.tree.map(lambda x: x.astype(reduce_dtype), packed), totals, False
+
+
+def _empty(setup: Zero1Setup) -> Packed:
+    """Zero fp32 packed buffers per group: slots [n·s, S] and flat [n·C] (sized 0 where the group has none)."""
+    return [
+        (
+            jnp.zeros((g.slots.rows, g.slots.bin_size) if g.slots.num_bins else (0, 0), jnp.float32),
+            jnp.zeros((g.flat.padded if g.flat.size else 0,), jnp.float32),
+        )
+        for g in setup.layout.groups
+    ]
 
 
 def split_layers(params: Any) -> tuple[Any, Any]:
@@ -65,107 +104,97 @@ def split_layers(params: Any) -> tuple[Any, Any]:
     return params[LAYERS], nnx.State({k: v for k, v in params.items() if k != LAYERS})
 
 
-def _fused_local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
-    """`local_grads` with the layers' gradients accumulated in fp32 inside the backward pass
-    (`zaya_jax.train.accumulate`): no gradient-sized array besides the reduce-scatter buffers. With layer
-    chunks (`train.overlap_collectives`) the last micro-batch's backward also reduce-scatters them: the
-    returned slots are then this device's owned sums [s, S] already (`scattered`)."""
+def _fused_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1Setup, reduce_dtype):
+    """`local_grads` with the layers' gradients added in fp32 inside the backward pass (`fused_backward`'s
+    sinks, already in the owner layout): no gradient-sized array besides them. With layer chunks
+    (`train.overlap_collectives`) the last micro-batch's backward pass also reduce-scatters them, so the
+    returned slots are this device's owned sums [s, S] (`scattered`)."""
     layer_params, other = split_layers(state.params)
-    reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
-    scattered = accumulate.scatters(setup)
+    scattered = fused_backward.scatters(setup)
 
-    def grads(scatter: bool):
+    def add_grads(scatter: bool):
         def loss(other_params, sinks, owned, mb):
             params = nnx.State({**other_params, LAYERS: layer_params})
-            runner = accumulate.accumulating_layers(setup, sinks, owned if scatter else None, reduce_dtype)
+            runner = fused_backward.accumulating_layers(setup, sinks, owned if scatter else None, reduce_dtype)
             return micro_loss(graphdef, params, state.biases, mb, config, run_layers=runner)
 
-        return jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+        grad_fn = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+
+        def add(acc, mb):
+            other_acc, sinks, owned = acc
+            (grads, sinks, scattered_rows), aux = grad_fn(other, sinks, owned if scatter else (), mb)
+            return (microbatch.add_fp32(other_acc, grads), sinks, scattered_rows if scatter else owned), aux
+
+        return add
 
     shapes = {f"{LAYERS}/{n}": x.shape for n, x in named_leaves(layer_params)}
-    sinks = accumulate.zero_sinks(setup, shapes)
-    owned = accumulate.zero_owned(setup, reduce_dtype) if scattered else ()
-    mb = config.train.microbatches
-    if mb == 1:
-        (other_grads, sinks, owned), (sums, stats) = grads(scattered)(other, sinks, owned, batch)
-        counts, dropped = stats.counts, stats.dropped
-    else:
-        accumulate_fn = grads(False)
-
-        def body(carry, mb_):
-            (g, sinks, _), (sums, stats) = accumulate_fn(other, carry[1], (), mb_)
-            return _accumulated(carry, sinks, g, sums, stats), None
-
-        f32 = lambda tree: jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), tree)  # noqa: E731
-        split = micro_split(batch, mb)
-        # with layer chunks the last micro-batch runs on its own: its backward pass reduce-scatters
-        rest = jax.tree.map(lambda x: x[:-1], split) if scattered else split
-        carry, _ = jax.lax.scan(body, (f32(other), sinks, *zero_stats(config)), rest)
-        if scattered:
-            last = jax.tree.map(lambda x: x[-1], split)
-            (g, sinks, owned), (sums, stats) = grads(True)(other, carry[1], owned, last)
-            carry = _accumulated(carry, sinks, g, sums, stats)
-        other_grads, sinks, sums, counts, dropped = carry
+    zeros = (
+        microbatch.fp32_zeros(other),
+        fused_backward.zero_sinks(setup, shapes),
+        fused_backward.zero_owned(setup, reduce_dtype) if scattered else (),
+    )
+    last = add_grads(True) if scattered else None
+    (other_grads, sinks, owned), totals = microbatch.accumulate(add_grads(False), zeros, batch, config, last)
     leaves = dict(named_leaves(other_grads))
     packed = []
     for k, (group, small) in enumerate(zip(setup.layout.groups, sinks.small)):
         rows = owned[k] if scattered else sinks.slots[k]
         packed.append((rows.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
-    return packed, sums, counts, dropped, scattered
+    return packed, totals, scattered
 
 
-def _accumulated(carry, sinks, grads, sums, stats):
-    """The micro-batch carry (fp32 non-layer gradients, sinks, loss sums, counts, dropped) after one more
-    micro-batch, whose backward pass left the layers' gradients in `sinks`."""
-    acc, _, sums_acc, counts, dropped = carry
-    return (
-        jax.tree.map(lambda x, g: x + g.astype(jnp.float32), acc, grads),
-        sinks,
-        jax.tree.map(jnp.add, sums_acc, sums),
-        counts + stats.counts,
-        dropped + stats.dropped,
-    )
+# ----------------------------------------------------------------------------- 2. reduce-scatter
 
 
-def local_grads(graphdef, state: Zero1State, batch: dict, config: ml_collections.ConfigDict, setup: Zero1Setup):
-    """This device's summed gradients packed in the owner layout (per group slots, flat), its LossSums,
-    counts [L, E+1], dropped [L], and whether the slots are reduce-scattered already (this device's [s, S]).
-
-    With `model.remat=full` the layers' gradients are accumulated inside the backward pass
-    (`_fused_local_grads`); otherwise plain autodiff, packed afterwards, micro-batches accumulated in fp32 in the
-    packed layout itself (layer by layer, in place). Either way no collective runs per micro-batch."""
-    if config.model.remat == "full":
-        return _fused_local_grads(graphdef, state, batch, config, setup)
-    grad_fn = jax.grad(lambda p, mb: micro_loss(graphdef, p, state.biases, mb, config), has_aux=True)
-    reduce_dtype = jnp.dtype(config.train.grad_reduce_dtype)
-    if config.train.microbatches == 1:
-        grads, (sums, stats) = grad_fn(state.params, batch)
-        return _pack(setup, grads, reduce_dtype), sums, stats.counts, stats.dropped, False
-
-    def body(carry, mb):
-        acc, sums_acc, counts, dropped = carry
-        grads, (sums, stats) = grad_fn(state.params, mb)
-        acc = _pack(setup, grads, jnp.float32, acc)
-        return (acc, jax.tree.map(jnp.add, sums_acc, sums), counts + stats.counts, dropped + stats.dropped), None
-
-    shapes = jax.eval_shape(lambda p: _pack(setup, p, jnp.float32), state.params)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-    (acc, sums, counts, dropped), _ = jax.lax.scan(
-        body, (zeros, *zero_stats(config)), micro_split(batch, config.train.microbatches)
-    )
-    return jax.tree.map(lambda x: x.astype(reduce_dtype), acc), sums, counts, dropped, False
-
-
-def _reduce_scatter(setup: Zero1Setup, packed: list, scattered: bool) -> list[tuple[jax.Array, jax.Array]]:
-    """Per group this device's owned sums (slots [s, S], flat [C]) of `local_grads`' packed gradients; slots
-    that the backward pass reduce-scattered already stay as they are."""
+def reduce_scatter(setup: Zero1Setup, packed: Packed, scattered: bool) -> Packed:
+    """Per group, [n·s, S] (packed order) and [n·C] local partial sums → [s, S] and [C]: the sums over the
+    group's devices of exactly what this device owns. With C layer chunks the slots go chunk by chunk
+    ([C, n·s_c, S] → [C, s_c, S]); slots the backward pass reduce-scattered already stay as they are."""
     out = []
     for group, (slots, flat) in zip(setup.layout.groups, packed):
-        if scattered:
-            out.append((slots, dist.reduce_scatter(group, slots[:0], flat)[1]))
-        else:
-            out.append(dist.reduce_scatter(group, slots, flat))
+
+        def rs(x, dim, axes=group.axes):
+            return jax.lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True) if x.size else x
+
+        out.append((slots if scattered else _by_chunk(group, slots, rs), rs(flat, 0)))
     return out
+
+
+def _by_chunk(group: Group, slots: jax.Array, fn: Callable) -> jax.Array:
+    """`fn(x, dim)` scatters or gathers dim `dim` of x: on slots [r, S] itself (one chunk), or with C layer
+    chunks on slots viewed as [C, r / C, S] along dim 1 (every chunk's rows split over the devices)."""
+    chunks = group.slots.chunks
+    if chunks == 1 or not slots.size:
+        return fn(slots, 0)
+    return fn(slots.reshape(chunks, -1, slots.shape[-1]), 1).reshape(-1, slots.shape[-1])
+
+
+def _owned_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1Setup) -> tuple[Packed, Totals]:
+    """Steps 1–2: this device's owned gradient sums per group ([s, S], [C]) and the global Totals."""
+    packed, totals, scattered = local_grads(graphdef, state, batch, config, setup)
+    return reduce_scatter(setup, packed, scattered), jax.lax.psum(totals, AXES)
+
+
+# ----------------------------------------------------------------------------- 4. all-gather
+
+
+def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype, as_bits: bool = False) -> tuple:
+    """[s, S], [C] owned master weights → [n·s, S] (packed order), [n·C] everyone's, in `dtype`.
+
+    as_bits: 2-byte dtypes travel as uint16 (`Kernels.collectives_as_bits`: XLA:CPU runs bf16 collectives in
+    fp32; a gather only moves bits)."""
+    bits = jnp.uint16 if as_bits and jnp.dtype(dtype).itemsize == 2 else None
+
+    def ag(x, dim):
+        x = x.astype(dtype)
+        if not x.size:
+            return x
+        if bits is None:
+            return jax.lax.all_gather(x, group.axes, axis=dim, tiled=True)
+        y = jax.lax.all_gather(jax.lax.bitcast_convert_type(x, bits), group.axes, axis=dim, tiled=True)
+        return jax.lax.bitcast_convert_type(y, dtype)
+
+    return _by_chunk(group, slots, ag), ag(flat, 0)
 
 
 def _gather_params(setup: Zero1Setup, params: Any, groups, dtype, as_bits: bool) -> Any:
@@ -174,10 +203,13 @@ def _gather_params(setup: Zero1Setup, params: Any, groups, dtype, as_bits: bool)
     old, values = dict(named_leaves(params)), {}
     for group, state in zip(setup.layout.groups, groups):
         shapes = local_shapes(setup.layout, group, setup.sizes)
-        slots, flat = dist.all_gather(group, state.master_slots, state.master_flat, dtype, as_bits)
+        slots, flat = all_gather(group, state.master_slots, state.master_flat, dtype, as_bits)
         values.update(unpack_slots(group.slots, slots, shapes, into=old))
         values.update(unpack_flat(group.flat, flat, shapes))
     return fill(params, values)
+
+
+# ----------------------------------------------------------------------------- the step
 
 
 def zero1_local_step(
@@ -189,56 +221,47 @@ def zero1_local_step(
     config: ml_collections.ConfigDict,
     lrs: dict[str, Callable],
     lr_fn: Callable | None,
+    as_bits: bool,
 ):
-    """One optimizer step on this device's shard (called inside the shard_map). Returns (state, metrics)."""
-    packed, sums, counts, dropped, scattered = local_grads(graphdef, state, batch, config, setup)
-    sums, counts, dropped = jax.lax.psum((sums, counts, dropped), AXES)
-    scale = 1.0 / jnp.maximum(sums.tokens, 1.0)
-    grads = []
-    for rs_slots, rs_flat in _reduce_scatter(setup, packed, scattered):
-        grads.append((rs_slots.astype(jnp.float32) * scale, rs_flat.astype(jnp.float32) * scale))
-    local = [dist.local_group_state(g) for g in state.groups]
+    """One optimizer step on this device's shard (called inside the shard_map). Returns (state, metrics).
+    as_bits: all-gather 2-byte parameters as uint16 (`Kernels.collectives_as_bits`)."""
+    owned, totals = _owned_grads(graphdef, state, batch, config, setup)
+    scale = 1.0 / jnp.maximum(totals.loss.tokens, 1.0)
+    grads = [(slots.astype(jnp.float32) * scale, flat.astype(jnp.float32) * scale) for slots, flat in owned]
+    # 3. the owners' update; the [O, rows, …] state arrays arrive as [1, rows, …] inside the shard_map
+    local = [GroupState(*(x[0] for x in g)) for g in state.groups]
     compute = dtype_of(config.model.dtype)
     groups, grad_norm = dist.update(setup.layout.groups, local, grads, state.count, lrs, config.optimizer, compute)
-    params = _gather_params(setup, state.params, groups, compute, kernels.resolve(config.model).collectives_as_bits)
-    biases, bal_state, metrics = balance_and_metrics(
-        state.biases,
-        state.balancing,
-        sums,
-        counts,
-        dropped,
-        grad_norm,
-        config,
-        None if lr_fn is None else lr_fn(state.step),
-    )
-    new = Zero1State(
-        state.step + 1, params, tuple(dist.global_group_state(g) for g in groups), state.count + 1, biases, bal_state
-    )
-    return new, metrics
+    params = _gather_params(setup, state.params, groups, compute, as_bits)
+    lr = None if lr_fn is None else lr_fn(state.step)
+    biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, totals, grad_norm, config, lr)
+    new_groups = tuple(GroupState(*(x[None] for x in g)) for g in groups)
+    return Zero1State(state.step + 1, params, new_groups, state.count + 1, biases, bal_state), metrics
+
+
+def _shard_mapped(fn: Callable, setup: Zero1Setup, mesh: Mesh, out_specs) -> tuple[Callable, dict]:
+    """`fn(state, batch)` shard_mapped over every mesh axis (state by its shardings, batch rows over
+    data × expert and the sequence over context), and the batch's global NamedShardings."""
+    specs = jax.tree.map(lambda s: s.spec, setup.shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    batch_spec = {k: sharding.batch_spec(2) for k in BATCH_KEYS}
+    mapped = jax.shard_map(fn, mesh=mesh, in_specs=(specs, batch_spec), out_specs=out_specs(specs), check_vma=False)
+    return mapped, {k: NamedSharding(mesh, s) for k, s in batch_spec.items()}
 
 
 def make_zero1_train_step(
     graphdef, setup: Zero1Setup, config: ml_collections.ConfigDict, mesh: Mesh, lr_fn: Callable | None = None
 ):
     """`step(state, batch) -> (state, metrics)`: the shard_map'ed step, jitted with the state donated."""
-    specs = jax.tree.map(lambda s: s.spec, setup.shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
-    batch_spec = {k: sharding.batch_spec(2) for k in BATCH_KEYS}
-    body = jax.shard_map(
-        lambda s, b: zero1_local_step(
-            s,
-            b,
-            graphdef=graphdef,
-            setup=setup,
-            config=config,
-            lrs=schedule.learning_rate_schedules(config),
-            lr_fn=lr_fn,
-        ),
-        mesh=mesh,
-        in_specs=(specs, batch_spec),
-        out_specs=(specs, P()),
-        check_vma=False,
+    local_step = functools.partial(
+        zero1_local_step,
+        graphdef=graphdef,
+        setup=setup,
+        config=config,
+        lrs=schedule.learning_rate_schedules(config),
+        lr_fn=lr_fn,
+        as_bits=kernels.resolve(config.model).collectives_as_bits,
     )
-    batch_sharding = {k: NamedSharding(mesh, s) for k, s in batch_spec.items()}
+    body, batch_sharding = _shard_mapped(local_step, setup, mesh, lambda specs: (specs, P()))
     fn = jax.jit(
         body, in_shardings=(setup.shardings, batch_sharding), out_shardings=(setup.shardings, None), donate_argnums=(0,)
     )
@@ -254,26 +277,20 @@ def make_zero1_train_step(
 def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigDict, mesh: Mesh):
     """`grads(state, batch) -> (mean loss, mean gradients as a parameter tree (fp32), counts, dropped)`: the
     gradients the ZeRO-1 step hands to its owners, gathered back (for tests and debugging)."""
-    specs = jax.tree.map(lambda s: s.spec, setup.shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
-    batch_spec = {k: sharding.batch_spec(2) for k in BATCH_KEYS}
 
     def local(state, batch):
-        packed, sums, counts, dropped, scattered = local_grads(graphdef, state, batch, config, setup)
-        sums, counts, dropped = jax.lax.psum((sums, counts, dropped), AXES)
+        owned, totals = _owned_grads(graphdef, state, batch, config, setup)
         values = {}
-        for group, rs in zip(setup.layout.groups, _reduce_scatter(setup, packed, scattered)):
+        for group, (slots, flat) in zip(setup.layout.groups, owned):
             shapes = local_shapes(setup.layout, group, setup.sizes)
-            full = dist.all_gather(group, *rs, jnp.float32)
-            values.update(unpack_slots(group.slots, full[0], shapes))
-            values.update(unpack_flat(group.flat, full[1], shapes))
-        n = jnp.maximum(sums.tokens, 1.0)
+            full_slots, full_flat = all_gather(group, slots, flat, jnp.float32)
+            values.update(unpack_slots(group.slots, full_slots, shapes))
+            values.update(unpack_flat(group.flat, full_flat, shapes))
+        n = jnp.maximum(totals.loss.tokens, 1.0)
         grads = fill(state.params, {k: v * (1.0 / n) for k, v in values.items()})  # as in step.train_step
-        return sums.ce / n, grads, counts, dropped
+        return totals.loss.ce / n, grads, totals.counts, totals.dropped
 
-    out_grads = specs.params
-    body = jax.shard_map(
-        local, mesh=mesh, in_specs=(specs, batch_spec), out_specs=(P(), out_grads, P(), P()), check_vma=False
-    )
+    body, _ = _shard_mapped(local, setup, mesh, lambda specs: (P(), specs.params, P(), P()))
 
     def grads(state, batch):
         with jax.set_mesh(mesh):

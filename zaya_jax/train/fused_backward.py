@@ -32,7 +32,8 @@ from flax import nnx
 
 from zaya_jax.keys import path_name
 from zaya_jax.model.layers import BalancingBias
-from zaya_jax.train.zero1 import Zero1Setup, layer_bins
+from zaya_jax.train.zero1 import layer_bins
+from zaya_jax.train.zero1_state import Zero1Setup
 
 LAYERS = "layers"  # name of the stacked layer module inside Zaya (parameter paths start with "layers/")
 
