@@ -37,6 +37,7 @@ CASES = [
     ("1dev_zero1_mb1", 1, 1, "zero1", 1, {}),
     ("1dev_zero1_mb4", 1, 1, "zero1", 4, {}),
     ("1dev_zero1_mb4_remat", 1, 1, "zero1", 4, {"model.remat": "full"}),
+    ("2x4_fsdp_mb1", 2, 4, "fsdp", 1, {}),
     ("2x4_fsdp_mb4", 2, 4, "fsdp", 4, {}),
     ("2x4_zero1_mb1", 2, 4, "zero1", 1, {}),
     ("2x4_zero1_mb4", 2, 4, "zero1", 4, {}),

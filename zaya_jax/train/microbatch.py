@@ -2,7 +2,8 @@
 
 `accumulate` splits the global batch into `train.microbatches` micro-batches and runs one `lax.scan` over them:
 each micro-batch's forward/backward adds its gradients to an fp32 accumulator, and its loss sums and router
-statistics to `Totals`. One micro-batch is the same loop run once (XLA inlines a one-trip loop). How a
+statistics to `Totals`. One micro-batch is the same loop run once: XLA removes a one-trip loop (the compiled
+tiny GSPMD step has the same loops and instruction count as a step without it). How a
 gradient is summed is the caller's: the GSPMD step (`zaya_jax.train.step`) adds parameter-shaped trees, the
 ZeRO-1 step (`zaya_jax.train.zero1_step`) adds into its owner layout. No collective runs per micro-batch.
 
@@ -50,6 +51,18 @@ class Totals(NamedTuple):
         """These totals with one more micro-batch's LossSums and MoEStats added."""
         loss = jax.tree.map(jnp.add, self.loss, sums)
         return Totals(loss, self.counts + stats.counts, self.dropped + stats.dropped)
+
+
+def step_on_mesh(jitted: Callable, mesh) -> Callable:
+    """`step(state, batch)`: `jitted(state, batch)` called under `mesh` with only the batch's BATCH_KEYS arrays
+    (a loader's batch may carry more); `step.jitted` is the jitted function itself (for `.lower()`)."""
+
+    def step(state, batch):
+        with jax.set_mesh(mesh):
+            return jitted(state, {k: batch[k] for k in BATCH_KEYS})
+
+    step.jitted = jitted
+    return step
 
 
 def micro_split(batch: dict, microbatches: int) -> dict:

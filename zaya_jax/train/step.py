@@ -73,10 +73,4 @@ def make_train_step(
         out_shardings=(state_shardings, None),
         donate_argnums=(0,),
     )
-
-    def step(state, batch):
-        with jax.set_mesh(mesh):
-            return fn(state, {k: batch[k] for k in BATCH_KEYS})
-
-    step.jitted = fn
-    return step
+    return microbatch.step_on_mesh(fn, mesh)

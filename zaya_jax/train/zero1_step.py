@@ -99,7 +99,7 @@ def _empty(setup: Zero1Setup) -> Packed:
     ]
 
 
-def split_layers(params: Any) -> tuple[Any, Any]:
+def _split_layers(params: Any) -> tuple[Any, Any]:
     """(the stacked layers' parameters, every other parameter) of a model's parameter State."""
     return params[LAYERS], nnx.State({k: v for k, v in params.items() if k != LAYERS})
 
@@ -109,7 +109,7 @@ def _fused_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1S
     sinks, already in the owner layout): no gradient-sized array besides them. With layer chunks
     (`train.overlap_collectives`) the last micro-batch's backward pass also reduce-scatters them, so the
     returned slots are this device's owned sums [s, S] (`scattered`)."""
-    layer_params, other = split_layers(state.params)
+    layer_params, other = _split_layers(state.params)
     scattered = fused_backward.scatters(setup)
 
     def add_grads(scatter: bool):
@@ -197,16 +197,16 @@ def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype, as_bits: 
     return _by_chunk(group, slots, ag), ag(flat, 0)
 
 
-def _gather_params(setup: Zero1Setup, params: Any, groups, dtype, as_bits: bool) -> Any:
-    """All-gather every group's updated master weights in `dtype` (as uint16 bits where `as_bits`) and write them
-    into the (donated) previous parameter tree `params`, layer by layer."""
-    old, values = dict(named_leaves(params)), {}
-    for group, state in zip(setup.layout.groups, groups):
+def _gathered(setup: Zero1Setup, owned: Packed, dtype, as_bits: bool = False, into: Any = None) -> dict:
+    """Every group's owned (slots [s, S], flat [C]) all-gathered in `dtype` (as uint16 bits where `as_bits`) and
+    unpacked to {name: local leaf}; the slots written layer by layer into `into`'s arrays when given."""
+    old, values = (None if into is None else dict(named_leaves(into))), {}
+    for group, (slots, flat) in zip(setup.layout.groups, owned):
         shapes = local_shapes(setup.layout, group, setup.sizes)
-        slots, flat = all_gather(group, state.master_slots, state.master_flat, dtype, as_bits)
-        values.update(unpack_slots(group.slots, slots, shapes, into=old))
-        values.update(unpack_flat(group.flat, flat, shapes))
-    return fill(params, values)
+        full_slots, full_flat = all_gather(group, slots, flat, dtype, as_bits)
+        values.update(unpack_slots(group.slots, full_slots, shapes, into=old))
+        values.update(unpack_flat(group.flat, full_flat, shapes))
+    return values
 
 
 # ----------------------------------------------------------------------------- the step
@@ -228,11 +228,13 @@ def zero1_local_step(
     owned, totals = _owned_grads(graphdef, state, batch, config, setup)
     scale = 1.0 / jnp.maximum(totals.loss.tokens, 1.0)
     grads = [(slots.astype(jnp.float32) * scale, flat.astype(jnp.float32) * scale) for slots, flat in owned]
-    # 3. the owners' update; the [O, rows, …] state arrays arrive as [1, rows, …] inside the shard_map
+    # 3. the owners' update (the [O, rows, …] state arrays arrive as [1, rows, …] inside the shard_map)
     local = [GroupState(*(x[0] for x in g)) for g in state.groups]
     compute = dtype_of(config.model.dtype)
     groups, grad_norm = dist.update(setup.layout.groups, local, grads, state.count, lrs, config.optimizer, compute)
-    params = _gather_params(setup, state.params, groups, compute, as_bits)
+    # 4. the updated parameters, written into the (donated) previous ones
+    masters = [(g.master_slots, g.master_flat) for g in groups]
+    params = fill(state.params, _gathered(setup, masters, compute, as_bits, into=state.params))
     lr = None if lr_fn is None else lr_fn(state.step)
     biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, totals, grad_norm, config, lr)
     new_groups = tuple(GroupState(*(x[None] for x in g)) for g in groups)
@@ -265,13 +267,7 @@ def make_zero1_train_step(
     fn = jax.jit(
         body, in_shardings=(setup.shardings, batch_sharding), out_shardings=(setup.shardings, None), donate_argnums=(0,)
     )
-
-    def step(state, batch):
-        with jax.set_mesh(mesh):
-            return fn(state, {k: batch[k] for k in BATCH_KEYS})
-
-    step.jitted = fn
-    return step
+    return microbatch.step_on_mesh(fn, mesh)
 
 
 def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigDict, mesh: Mesh):
@@ -280,12 +276,7 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
 
     def local(state, batch):
         owned, totals = _owned_grads(graphdef, state, batch, config, setup)
-        values = {}
-        for group, (slots, flat) in zip(setup.layout.groups, owned):
-            shapes = local_shapes(setup.layout, group, setup.sizes)
-            full_slots, full_flat = all_gather(group, slots, flat, jnp.float32)
-            values.update(unpack_slots(group.slots, full_slots, shapes))
-            values.update(unpack_flat(group.flat, full_flat, shapes))
+        values = _gathered(setup, owned, jnp.float32)
         n = jnp.maximum(totals.loss.tokens, 1.0)
         grads = fill(state.params, {k: v * (1.0 / n) for k, v in values.items()})  # as in step.train_step
         return totals.loss.ce / n, grads, totals.counts, totals.dropped
