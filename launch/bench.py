@@ -214,7 +214,9 @@ def _run_moe(f: flags.FlagValues) -> None:
     )
 
 
-@register_suite("compile", "train-step compile time vs depth (8, 40, 80 layers) for a small-width config")
+@register_suite(
+    "compile", "train-step compile time vs depth (8, 40, 80 layers) for a small-width config (the planner's check)"
+)
 def _run_compile(f: flags.FlagValues) -> None:
     from zaya_jax.bench import common
     from zaya_jax.bench import compile as compile_bench
@@ -225,7 +227,6 @@ def _run_compile(f: flags.FlagValues) -> None:
         _bench_config(f, "experiments/zaya1_100m.py"),
         command=common.command_line(),
         depths=depths,
-        optimizer=(f.optimizers or ["muon"])[0],
         **(dict(batch=2, seq=32) if f.quick else {}),
     )
 

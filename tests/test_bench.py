@@ -211,13 +211,18 @@ def test_moe_suite_quick(tmp_path):
 def test_compile_suite_quick(tmp_path):
     from zaya_jax.bench import compile as compile_bench
 
+    config = _tiny_config()
     rows = compile_bench.run(
-        str(tmp_path), _tiny_config(), depths=(1, 3), optimizer="adamw", batch=2, seq=16, command="pytest"
+        str(tmp_path), config, depths=(4, 2), devices=jax.devices()[:1], batch=2, seq=16, warmup=False, command="pytest"
     )
-    assert [r["layers"] for r in rows] == [1, 3]
+    assert [r["layers"] for r in rows] == [2, 4]  # smallest depth first
     for r in rows:
         assert _finite_positive(r["compile_s"]) and r["hlo_instructions"] > 0
+        assert r["total_s"] == pytest.approx(r["lower_s"] + r["compile_s"])
         assert r["ratio_vs_smallest"] == pytest.approx(r["total_s"] / rows[0]["total_s"])
+        # the step the config selects, at the planner's small width, on the devices given
+        assert (r["param_sharding"], r["hidden"], r["devices"]) == (config.train.param_sharding, 128, 1)
+    assert rows[1]["hlo_instructions"] < 1.5 * rows[0]["hlo_instructions"]  # scanned layers: no growth with depth
     assert list(common.read_csv(str(tmp_path / "compile.csv"))[0]) == list(compile_bench.COLUMNS)
 
 

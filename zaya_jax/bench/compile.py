@@ -1,33 +1,32 @@
-"""Compile time of the train step vs depth (the decoder is a `jax.lax.scan` over stacked layers, so the
-compiled program — and its compile time — should not grow with the number of layers).
+"""`--suite=compile`: the report of the planner's compile-scaling check (`zaya_jax.planning.compile_scaling`) —
+train-step compile time and program size vs depth at a small width.
 
-Nothing is allocated: the step is lowered on `abstract_train_state` (ShapeDtypeStructs with shardings)
-and compiled with `.lower(...).compile()`. Each depth is a new program (no compilation-cache hits:
-the persistent cache is not enabled here). Rows report tracing+lowering and XLA compile time separately,
-the number of HLO instructions of the compiled module, and the ratio of the total to the smallest depth.
+The decoder is a `jax.lax.scan` over stacked layers, so the compiled program — and its compile time — should
+not grow with the number of layers.
+
+Nothing is allocated: the step the config selects (`zaya_jax.train.setup.prepare_abstract`, ZeRO-1 by default)
+is lowered on the abstract state and batch and compiled with `.lower(...).compile()`. The first depth is
+compiled once untimed (one-time backend set-up); then each depth is a new program (the persistent cache is
+off). Rows report tracing+lowering and XLA compile time separately, the number of HLO instructions of the
+compiled module (every computation), and the ratio of the total to the smallest depth.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 import jax
 import ml_collections
-import optax
 
 from zaya_jax.bench import common
-from zaya_jax.parallel import sharding
-from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.train.microbatch import BATCH_KEYS
-from zaya_jax.train.optimizer import make_optimizer
-from zaya_jax.train.state import abstract_train_state
-from zaya_jax.train.step import make_train_step
+from zaya_jax.parallel.mesh import AXES
+from zaya_jax.planning.abstract_step import planning_config
+from zaya_jax.planning.compile_scaling import compile_scaling, small_width
 
 COLUMNS = (
     "layers",
     "hidden",
-    "optimizer",
+    "param_sharding",
     "devices",
     "lower_s",
     "compile_s",
@@ -35,91 +34,75 @@ COLUMNS = (
     "hlo_instructions",
     "ratio_vs_smallest",
 )
-SMALL_WIDTH = dict(
-    vocab_size=1024,
-    hidden_size=128,
-    num_q_heads=4,
-    num_kv_heads=2,
-    head_dim=32,
-    num_experts=8,
-    moe_intermediate_size=128,
-    router_hidden_size=32,
-    max_position_embeddings=1024,
-)
 
 
 def small_config(
-    base: ml_collections.ConfigDict, layers: int, batch: int = 8, seq: int = 128
+    base: ml_collections.ConfigDict, num_devices: int, batch: int = 8, seq: int = 128
 ) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict(base.to_dict())
-    c.model.update(SMALL_WIDTH)
-    c.model.num_layers = layers
-    c.train.global_batch_size, c.train.seq_len, c.train.microbatches = batch, seq, 1
-    return c
-
-
-def compile_time(
-    config: ml_collections.ConfigDict, optimizer: str = "muon", devices: Sequence | None = None
-) -> dict[str, Any]:
-    """Lower + compile the jitted train step for `config` without allocating the state."""
-    mesh = make_mesh(config, list(devices or jax.devices()[:1]))
-    tx = make_optimizer(config) if optimizer == "muon" else optax.adamw(1e-3)
-    t0 = time.perf_counter()
-    graphdef, abs_state, shardings = abstract_train_state(config, mesh, tx)
-    step = make_train_step(graphdef, tx, config, mesh, shardings)
-    b, s = config.train.global_batch_size, config.train.seq_len
-    spec = jax.sharding.NamedSharding(mesh, sharding.batch_spec(2))
-    batch = {
-        k: jax.ShapeDtypeStruct((b, s), "float32" if k == "loss_mask" else "int32", sharding=spec) for k in BATCH_KEYS
-    }
-    with jax.set_mesh(mesh):
-        lowered = step.jitted.lower(abs_state, batch)
-    t1 = time.perf_counter()
-    compiled = lowered.compile()
-    t2 = time.perf_counter()
-    hlo = sum(1 for line in compiled.as_text().splitlines() if " = " in line)
-    return dict(
-        layers=config.model.num_layers,
-        hidden=config.model.hidden_size,
-        optimizer=optimizer,
-        devices=mesh.size,
-        lower_s=t1 - t0,
-        compile_s=t2 - t1,
-        total_s=t2 - t0,
-        hlo_instructions=hlo,
-    )
+    """`base` at the small width, one micro-batch of `batch` sequences per batch shard, the config's mesh over
+    `num_devices`; dispatch, capacity factor and parameter sharding stay the config's."""
+    cfg = small_width(base, seq_len=seq)
+    with cfg.unlocked():
+        cfg.train.microbatches = 1
+    return planning_config(cfg, batch_per_device=batch, dispatch=None, capacity_factor=None, num_devices=num_devices)[0]
 
 
 def benchmark(
-    base: ml_collections.ConfigDict,
+    config: ml_collections.ConfigDict,
     depths: Sequence[int] = (8, 40, 80),
-    optimizer: str = "muon",
+    *,
+    warmup: bool = True,
+    devices: Sequence | None = None,
     log=print,
-    **kwargs: Any,
 ) -> list[dict[str, Any]]:
+    """`compile_scaling` of `config` (a `small_config`) on `devices` (default all) → one row per depth, smallest
+    first (columns `COLUMNS`)."""
+    depths = sorted(int(d) for d in depths)
+    result = compile_scaling(config, tuple(depths), warmup=warmup, devices=devices)
     rows = []
-    for depth in depths:
-        row = compile_time(small_config(base, depth, **kwargs), optimizer)
+    for r in result["rows"]:
         log(
-            f"compile: {depth} layers: lower {row['lower_s']:.1f} s + compile {row['compile_s']:.1f} s "
-            f"({row['hlo_instructions']} HLO instructions)"
+            f"compile: {r['layers']} layers: lower {r['lower_s']:.1f} s + compile {r['compile_s']:.1f} s "
+            f"({r['hlo_instructions']} HLO instructions)"
         )
-        rows.append(row)
-    smallest = min(rows, key=lambda r: r["layers"])["total_s"]
+        rows.append(
+            dict(
+                layers=r["layers"],
+                hidden=config.model.hidden_size,
+                param_sharding=config.train.param_sharding,
+                devices=result["devices"],
+                lower_s=r["lower_s"],
+                compile_s=r["compile_s"],
+                total_s=r["lower_s"] + r["compile_s"],
+                hlo_instructions=r["hlo_instructions"],
+            )
+        )
     for r in rows:
-        r["ratio_vs_smallest"] = common.ratio(r["total_s"], smallest)
+        r["ratio_vs_smallest"] = common.ratio(r["total_s"], rows[0]["total_s"])
     return rows
 
 
 def run(
-    out_dir: str, base: ml_collections.ConfigDict, *, command: str | None = None, **kwargs: Any
+    out_dir: str,
+    base: ml_collections.ConfigDict,
+    depths: Sequence[int] = (8, 40, 80),
+    *,
+    batch: int = 8,
+    seq: int = 128,
+    warmup: bool = True,
+    devices: Sequence | None = None,
+    command: str | None = None,
 ) -> list[dict[str, Any]]:
-    rows = benchmark(base, log=common.say, **kwargs)
-    w = SMALL_WIDTH
+    """Measure `base` at the small width (`small_config`) on `devices` (default all) and write compile.csv / .md."""
+    devices = list(devices if devices is not None else jax.devices())
+    config = small_config(base, len(devices), batch=batch, seq=seq)
+    rows = benchmark(config, depths, warmup=warmup, devices=devices, log=common.say)
+    m, t = config.model, config.train
     setup = (
-        f"hidden {w['hidden_size']}, {w['num_experts']} experts of width {w['moe_intermediate_size']}, "
-        f"vocab {w['vocab_size']}; train step = loss + grads + optimizer + balancing update\n\n"
-        + __doc__.split("\n\n", 1)[1]
+        f"hidden {m.hidden_size}, {m.num_experts} experts of width {m.moe_intermediate_size}, vocab {m.vocab_size} "
+        f"(`compile_scaling.SMALL_WIDTH`); global batch {t.global_batch_size} × {t.seq_len} tokens, one micro-batch, "
+        f"mesh {','.join(f'{a}:{config.mesh[a]}' for a in AXES)}; dispatch {m.dispatch}, the config's train step "
+        "(loss + grads + optimizer + balancing update)\n\n" + __doc__.split("\n\n", 2)[2]
     )
     return common.report(
         out_dir,
