@@ -26,6 +26,7 @@ function `(flags.FlagValues) -> None`; no other change is needed.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 
 from launch.cpu_devices import prepare_host
@@ -149,8 +150,6 @@ def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = Fals
 def _require_peers() -> None:
     """One line (exit 78) unless benchmarks/peers/ imports: the peer comparisons live next to the recorded results
     in a checkout of the repository and are not installed with zaya_jax."""
-    import importlib.util
-
     try:
         found = importlib.util.find_spec("benchmarks.peers") is not None
     except ModuleNotFoundError:  # no `benchmarks` package on the path
@@ -172,7 +171,7 @@ def _run_train(f: flags.FlagValues) -> None:
     """Per dtype (--dtype, else float32 and bfloat16): our step vs transformers, each side in its own process
     (--separate_runs rounds, alternating; 0 = interleaved in one process); ends with one ratio line per dtype."""
     _require_peers()
-    from benchmarks.peers import suite
+    from benchmarks.peers import suite  # deferred: only in a checkout, not installed (_require_peers checked)
 
     options = suite.Options(
         out=f.out,
