@@ -57,7 +57,7 @@ def measure_gemm_peak(dtype: Any = None, size: int | None = None, warmup: int = 
     """Best achieved FLOP/s of a square `size`^3 GEMM (min time over trials).
 
     Defaults: dtype bf16 on accelerators / f32 on CPU; size 8192 on accelerators / 1024 on CPU.
-    The achievable ceiling of the train benchmark's MFU (`benchmarks.peers.train`).
+    The achievable ceiling that the MFU of `launch.bench --suite=train` (run from a checkout) is measured against.
     """
     dtype = jnp.dtype(dtype or common.default_float_dtype())
     if size is None:
