@@ -13,7 +13,9 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
-from zaya_jax.config import GEOMETRY_FIELDS
+from zaya_jax.config import GEOMETRY_FIELDS, ConfigError, validate
+from zaya_jax.parallel.mesh import parse_mesh_spec
+from zaya_jax.planning import sizing
 
 FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file(
@@ -30,10 +32,6 @@ MODEL_FIELDS = GEOMETRY_FIELDS
 
 def main(argv: list[str]) -> None:
     del argv
-    from zaya_jax.config import ConfigError, validate
-    from zaya_jax.parallel.mesh import parse_mesh_spec
-    from zaya_jax.planning import sizing
-
     try:
         hw = sizing.get_hardware(FLAGS.hardware)
     except ValueError as err:

@@ -38,7 +38,12 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, cpu_devices  # noqa: E402
-from zaya_jax.config import PARAM_SHARDINGS, REMAT_POLICIES  # noqa: E402
+from zaya_jax.config import PARAM_SHARDINGS, REMAT_POLICIES, ConfigError, validate  # noqa: E402
+from zaya_jax.parallel.mesh import parse_mesh_spec  # noqa: E402
+from zaya_jax.planning.abstract_step import planning_config  # noqa: E402
+from zaya_jax.planning.cluster import Cluster  # noqa: E402
+from zaya_jax.planning.compile_scaling import compile_scaling, small_width  # noqa: E402
+from zaya_jax.planning.plan import plan, plan_auto_remat  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (experiments/*.py).", lock_config=True
@@ -246,8 +251,6 @@ def format_overlap(p: dict) -> list[str]:
 
 
 def _cluster():
-    from zaya_jax.planning.cluster import Cluster
-
     try:
         return Cluster(
             gpus_per_node=FLAGS.gpus_per_node,
@@ -265,11 +268,6 @@ def _cluster():
 
 def main(argv):
     del argv
-    from zaya_jax.config import ConfigError, validate
-    from zaya_jax.planning.abstract_step import parse_mesh, planning_config
-    from zaya_jax.planning.compile_scaling import compile_scaling, small_width
-    from zaya_jax.planning.plan import plan, plan_auto_remat
-
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
@@ -277,7 +275,7 @@ def main(argv):
     try:
         cfg, notes = planning_config(
             config,
-            mesh=parse_mesh(mesh_text) if mesh_text else None,
+            mesh=parse_mesh_spec(mesh_text) if mesh_text else None,
             seq_len=FLAGS.seq_len,
             batch_per_device=FLAGS.batch_per_device,
             microbatches=FLAGS.microbatches,

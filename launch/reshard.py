@@ -29,6 +29,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, cpu_devices  # noqa: E402
 from zaya_jax.config import GEOMETRY_FIELDS, PARAM_SHARDINGS  # noqa: E402
+from zaya_jax.parallel.mesh import parse_mesh_spec  # noqa: E402
 
 _SRC = flags.DEFINE_string("src", None, "Source checkpoint (directory, step directory or workdir).")
 _DST = flags.DEFINE_string("dst", None, "Output checkpoint directory (new or empty).")
@@ -58,13 +59,6 @@ GEOMETRY = (
     "cca_time1",
     "partial_rotary_factor",
 )
-
-
-def parse_mesh(spec: str) -> dict[str, int]:
-    """'data:4,expert:2' -> {'data': 4, 'context': 1, 'expert': 2} (`zaya_jax.parallel.mesh.parse_mesh_spec`)."""
-    from zaya_jax.parallel.mesh import parse_mesh_spec
-
-    return parse_mesh_spec(spec)
 
 
 def _fresh_dir(path: str, flag: str) -> str:
@@ -132,7 +126,7 @@ def reshard(
     field_bytes = _saved_field_bytes(ck.saved_shapes(step, meta))
     ck.close()
     if mesh_spec:
-        config.mesh.update(parse_mesh(mesh_spec))
+        config.mesh.update(parse_mesh_spec(mesh_spec))
     else:
         config.mesh.data = -1
     if param_sharding:
@@ -240,7 +234,7 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
             config.model = hf_config.model
         bar.update(1)
         if mesh_spec:
-            config.mesh.update(parse_mesh(mesh_spec))
+            config.mesh.update(parse_mesh_spec(mesh_spec))
         mesh = _target_mesh(config)
         _, state, _ = create_train_state(config, mesh, make_optimizer(config), model=model)
         bar.update(1)
@@ -264,7 +258,7 @@ def _default_devices() -> None:
     """Without --cpu_devices: as many emulated devices as --mesh uses (else 8), unless the environment sets a count."""
     if flags.FLAGS.cpu_devices is not None:
         return
-    sizes = parse_mesh(_MESH.value) if _MESH.value else {}
+    sizes = parse_mesh_spec(_MESH.value) if _MESH.value else {}
     product = 1
     for size in sizes.values():
         product *= size

@@ -24,9 +24,9 @@ from zaya_jax.config import ConfigError, load_config
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
 from zaya_jax.parallel import owners
-from zaya_jax.parallel.mesh import AXES
+from zaya_jax.parallel.mesh import AXES, parse_mesh_spec
 from zaya_jax.planning import hlo_stats
-from zaya_jax.planning.abstract_step import parse_mesh, planning_config
+from zaya_jax.planning.abstract_step import planning_config
 from zaya_jax.planning.compile_scaling import compile_scaling, small_width
 from zaya_jax.planning.plan import plan, plan_auto_remat
 from zaya_jax.train import zero1
@@ -63,7 +63,7 @@ def result_params(cfg):
 def small_plan():
     cfg, notes = planning_config(
         _small_config(),
-        mesh=parse_mesh("data:8"),
+        mesh=parse_mesh_spec("data:8"),
         seq_len=256,
         batch_per_device=1,
         remat="none",
@@ -226,9 +226,9 @@ ENTRY %main (a: f32[40,16], i: s32[]) -> f32[1,16] {
 
 
 def test_parse_mesh_and_planning_config():
-    assert parse_mesh("data:2,expert:4") == {"data": 2, "context": 1, "expert": 4}
+    assert parse_mesh_spec("data:2,expert:4") == {"data": 2, "context": 1, "expert": 4}
     with pytest.raises(ValueError, match="axis:size"):
-        parse_mesh("model:8")
+        parse_mesh_spec("model:8")
     cfg, notes = planning_config(
         load_config(TINY),
         mesh={"data": 2, "context": 2, "expert": 2},

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 
 from zaya_jax.config import validate_mesh
 from zaya_jax.parallel import sharding
-from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, parse_mesh_spec, resolve_mesh_shape
+from zaya_jax.parallel.mesh import AXES, BATCH_AXES, make_mesh, resolve_mesh_shape
 from zaya_jax.train.microbatch import BATCH_KEYS
 from zaya_jax.train.schedule import check_layout
 from zaya_jax.train.setup import prepare_abstract
@@ -23,11 +23,6 @@ from zaya_jax.train.setup import prepare_abstract
 # XLA options that only shorten LLVM code generation; HLO passes, buffer assignment and cost analysis are
 # unchanged (the planner never runs the program).
 FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-
-
-def parse_mesh(text: str) -> dict[str, int]:
-    """`"data:8"` / `"data:2,expert:4"` → sizes for all mesh axes (unnamed axes = 1); ValueError on bad input."""
-    return parse_mesh_spec(text)
 
 
 def planning_config(
