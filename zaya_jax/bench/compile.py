@@ -42,9 +42,9 @@ def small_config(
     """`base` at the small width, one micro-batch of `batch` sequences per batch shard, the config's mesh over
     `num_devices`; dispatch, capacity factor and parameter sharding stay the config's."""
     cfg = small_width(base, seq_len=seq)
-    with cfg.unlocked():
-        cfg.train.microbatches = 1
-    return planning_config(cfg, batch_per_device=batch, dispatch=None, capacity_factor=None, num_devices=num_devices)[0]
+    return planning_config(
+        cfg, batch_per_device=batch, microbatches=1, dispatch=None, capacity_factor=None, num_devices=num_devices
+    )[0]
 
 
 def benchmark(

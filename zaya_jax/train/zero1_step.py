@@ -282,9 +282,4 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
         return totals.loss.ce / n, grads, totals.counts, totals.dropped
 
     body, _ = _shard_mapped(local, setup, mesh, lambda specs: (P(), specs.params, P(), P()))
-
-    def grads(state, batch):
-        with jax.set_mesh(mesh):
-            return jax.jit(body)(state, {k: batch[k] for k in BATCH_KEYS})
-
-    return grads
+    return microbatch.step_on_mesh(jax.jit(body), mesh)
