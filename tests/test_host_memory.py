@@ -10,9 +10,8 @@ import textwrap
 import pytest
 
 from launch.cpu_devices import running_a_launcher
+from tests.tools import REPO as ROOT
 from zaya_jax import host_memory
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # malloc, touch and free 256 MiB four times from a worker thread (XLA:CPU's temp buffer, simplified);
 # print the minor page faults of the last three rounds

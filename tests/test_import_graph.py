@@ -1,12 +1,12 @@
 """The import graph (every import statement of zaya_jax/, launch/, experiments/, benchmarks/, read from the
 source): no circle between modules, each package imports only the layers below it, and docs/architecture.md
-shows the map the source gives (`python -m tests.import_graph` prints it)."""
+shows the map the source gives (`python -m tests.tools.import_graph` prints it)."""
 
 from __future__ import annotations
 
 import os
 
-from tests import import_graph
+from tests.tools import import_graph
 
 
 def test_no_import_circle_anywhere():
@@ -27,4 +27,4 @@ def test_packages_import_only_the_layers_below_them():
 def test_architecture_doc_shows_the_map_of_the_source():
     with open(os.path.join(import_graph.REPO, "docs", "architecture.md"), encoding="utf-8") as f:
         doc = f.read()
-    assert import_graph.package_map(import_graph.edges()) in doc, "regenerate it: python -m tests.import_graph"
+    assert import_graph.package_map(import_graph.edges()) in doc, "regenerate it: python -m tests.tools.import_graph"

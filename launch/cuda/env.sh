@@ -3,7 +3,7 @@
 #
 # Source it before Python starts (`source launch/cuda/env.sh; python -m launch.train ...`). Every variable keeps
 # a value that is already set (`${VAR:-default}`), so a site profile or the job environment overrides it.
-# XLA aborts at start-up on a flag its version does not know: tests/test_rocm_launch.py checks every flag here
+# XLA aborts at start-up on a flag its version does not know: tests/integration/test_rocm_launch.py checks every flag here
 # against the installed jaxlib. Tags: [B] public NVIDIA JAX-Toolbox MaxText recipes (docs/frameworks/maxtext,
 # docs/GPU_performance.md); [I] inferred for this model. Not yet validated on hardware (`launch.gpu_check`
 # measures it; benchmarks/gpu/).

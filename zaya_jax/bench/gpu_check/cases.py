@@ -10,8 +10,8 @@ Grouped-GEMM lowering flags (XLA reads XLA_FLAGS once per process, so a case tha
 runs in a subprocess): XLA's default GPU lowering of `ragged_dot` pads it to a dense batched dot (openxla/xla PR
 #45996); ROCm has a hipBLASLt grouped GEMM behind `--xla_gpu_experimental_use_ragged_dot_grouped_gemm` (ROCm/xla
 PR #514); on CUDA this jaxlib's alternative is `--xla_gpu_experimental_use_ragged_dot_fusion` (a Triton flag named in
-newer XLA sources is unknown to jaxlib 0.10-0.12, and XLA aborts on an unknown flag; tests/test_rocm_launch.py
-checks these names).
+newer XLA sources is unknown to jaxlib 0.10-0.12, and XLA aborts on an unknown flag;
+tests/integration/test_rocm_launch.py checks these names).
 """
 
 from __future__ import annotations
