@@ -26,6 +26,7 @@ pytestmark = pytest.mark.reference  # needs the `reference` extra (torch, transf
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from experiments import zaya1  # noqa: E402
 from zaya_jax import hf  # noqa: E402
 from zaya_jax.data import pipeline  # noqa: E402
 from zaya_jax.data.prepare import prepare  # noqa: E402
@@ -33,18 +34,19 @@ from zaya_jax.data.tokenizer import ByteTokenizer  # noqa: E402
 from zaya_jax.inference import decode_step, generate, init_cache, left_pad, prefill  # noqa: E402
 from zaya_jax.inference import evaluate as ev  # noqa: E402
 
-# experiments/zaya1_tiny.py geometry, HF-native names
+# the tiny variant's geometry (experiments/zaya1.py), HF-native names
+TINY = zaya1.GEOMETRY["tiny"]
 HF_CONFIG = dict(
-    vocab_size=384,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    moe_intermediate_size=64,
-    num_experts=4,
-    router_hidden_size=16,
-    max_position_embeddings=1024,
+    vocab_size=TINY.vocab_size,
+    hidden_size=TINY.hidden_size,
+    num_hidden_layers=TINY.num_layers,
+    num_attention_heads=TINY.num_q_heads,
+    num_key_value_heads=TINY.num_kv_heads,
+    head_dim=TINY.head_dim,
+    moe_intermediate_size=TINY.moe_intermediate_size,
+    num_experts=TINY.num_experts,
+    router_hidden_size=TINY.router_hidden_size,
+    max_position_embeddings=TINY.max_position_embeddings,
     initializer_range=0.1,
     pad_token_id=0,
     eos_token_id=1,
