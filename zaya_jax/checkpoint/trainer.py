@@ -370,10 +370,10 @@ class TrainCheckpointer:
     def _save(self, step: int, state: Any, train_iter: Any, *, wait: bool = False) -> None:
         if self._last_saved == step:
             return
-        with self._write_section():
+        with self._write_section():  # a second SIGINT is acted on once the save is handed over and logged
             info = self.ckpt.save(step, self._encode(state), self._meta(train_iter), wait=wait)
-        self._last_saved = step
-        self.events.write("save", **info)
+            self._last_saved = step
+            self.events.write("save", **info)
         if fault := self.faults.due("sigkill_during_save", step):
             in_flight = step not in self.ckpt.committed_steps()
             self.faults.kill_now(fault, step, in_flight=in_flight)
