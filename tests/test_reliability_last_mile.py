@@ -310,6 +310,7 @@ def _listing(path: str) -> dict[str, bytes]:
     }
 
 
+@pytest.mark.slow
 def test_refused_and_failed_commands_leave_the_folders_as_they_were(tmp_path):
     prepare = [sys.executable, "-m", "launch.prepare_data", "--seq_len=16", "--workers=1"]
     foreign = tmp_path / "foreign"
