@@ -428,3 +428,23 @@ def test_a_stopped_or_hung_trainer_ends_when_its_supervisor_is_killed(tmp_path, 
     if not gone:
         os.kill(trainer, signal.SIGKILL)
     assert gone, "the trainer outlived its SIGKILLed supervisor by 15 s"
+
+
+def test_the_supervisor_reads_exit_130_as_an_interruption(tmp_path):
+    """A trainer interrupted by a second Ctrl-C (exit 130) is restarted at once, not after a crash's backoff."""
+    workdir = str(tmp_path / "w")
+    once = tmp_path / "interrupted_once"
+    child = (
+        "import os, sys; from zaya_jax.checkpoint.events import Heartbeat; "
+        "hb = Heartbeat(os.environ['ZAYA_HEARTBEAT_FILE']); hb(1); p = sys.argv[1]; "
+        "first = not os.path.exists(p); open(p, 'w').close(); "
+        "hb.beat(1, 'train' if first else 'done'); sys.exit(130 if first else 0)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.supervise", f"--workdir={workdir}", "--poll=0.05", "--backoff=60",
+         "--", sys.executable, "-c", child, str(once)],
+        cwd=REPO, env=env_for(None), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    restarts = [r for r in read_events(os.path.join(workdir, "events.jsonl")) if r["event"] == "restart"]
+    assert [(r["reason"], r["backoff_s"]) for r in restarts] == [("interrupted", 0.0)]
