@@ -11,7 +11,9 @@
   adds the traceback. Anything else is a bug or a crash and keeps its traceback.
 * Exit codes: 0 success; EXIT_FAILURE (1) a failure that running again may not repeat (an I/O error during
   a save, a crash); EXIT_BAD_INPUT (78, sysexits' EX_CONFIG) bad input or usage: the same command fails the
-  same way again, so `launch.supervise` does not restart it.
+  same way again, so `launch.supervise` does not restart it; EXIT_INTERRUPTED (130, the shell's Ctrl-C status)
+  after a SIGINT that stopped the launcher (one line `PROG: interrupted`, whatever the interrupt landed in; the
+  trainer's second Ctrl-C, see docs/reliability.md), which `launch.supervise` reads as an interruption, not a crash.
 * Progress bars are closed before an error is printed (the line never ends up glued to a bar), and warnings
   raised by zaya_jax or launcher code print as `PROG: warning: ...`.
 * Host setup before `main` (`jax_flags=True`, every launcher but the jax-free `launch.supervise`): jax's own
@@ -30,6 +32,7 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
 import traceback
 import warnings
@@ -41,7 +44,8 @@ from launch import cpu_devices
 from zaya_jax.checkpoint.orphan import watch_supervisor
 from zaya_jax.errors import ZayaError
 
-EXIT_FAILURE, EXIT_BAD_INPUT = 1, 78
+EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_INTERRUPTED = 1, 78, 130  # 130 = 128 + SIGINT, the shell's Ctrl-C status
+_interrupted = False  # set by the SIGINT handler of `run`
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _OWN_DIRS = tuple(os.path.join(_REPO, name) + os.sep for name in ("zaya_jax", "launch"))
 USER_CACHE = os.path.join("~", ".cache", "zaya_jax", "xla_cache")  # launchers without a workdir
@@ -63,6 +67,24 @@ def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.stderr.flush()
     print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+def fail_now(prog: str, err: BaseException) -> NoReturn:
+    """`fail` for an error after which the process must not wait for its threads (a failed checkpoint write leaves
+    Orbax threads waiting minutes for signals that never come): report `err` as `run` would, flush, `os._exit`.
+    Only once everything that matters is on disk (the trainer's `abort` has run)."""
+    verbose = "verbose" in flags.FLAGS and bool(flags.FLAGS["verbose"].value)
+    if verbose or not isinstance(err, ZayaError):
+        _close_progress_bars()
+        traceback.print_exception(err)
+    code = exit_code(err) if isinstance(err, ZayaError) else EXIT_FAILURE
+    try:
+        fail(prog, str(err) if isinstance(err, ZayaError) else f"{type(err).__name__}: {err}", code)
+    except SystemExit:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def require_numbers(
@@ -126,6 +148,20 @@ def _config_load_error(err: BaseException, argv: list[str]) -> str:
     return f"{type(cause).__name__}: {lines[-1] if lines else ''}"
 
 
+def _flag_error(err: BaseException) -> str:
+    """absl's message for a bad flag; for a config file that raised while loading (ml_collections' config_flags
+    embeds that error's whole traceback in it), `flag --config=...: ` and the raised error's message alone."""
+    text = str(err)
+    if "Traceback (most recent call last)" not in text:
+        return text
+    head = ":".join(text.split(":", 2)[:2])
+    last = [line for line in text.splitlines() if line.strip()][-1].strip()  # the raised error, `pkg.mod.Type: msg`
+    type_name, _, message = last.partition(": ")
+    if isinstance(err.__context__, ZayaError):  # its message is the whole report (zaya_jax.errors)
+        return f"{head}: {message}"
+    return f"{head}: {type_name.rsplit('.', 1)[-1]}: {message}"
+
+
 def _resolve_config_args(argv: list[str]) -> list[str]:
     """`--config=experiments/x.py[:arg]` → the installed copy when the path does not exist here."""
     from zaya_jax.config import resolve_config_path
@@ -148,10 +184,31 @@ def _parse_flags(argv: list[str], prog: str) -> list[str]:
             if value is not None:
                 value.keys()  # a config file that failed to load raises here, not while parsing
     except flags.Error as err:
-        fail(prog, str(err))
+        fail(prog, _flag_error(err))
     except Exception as err:  # noqa: BLE001 - config files run arbitrary code; report it in one line
         fail(prog, _config_load_error(err, argv))
     return rest
+
+
+def _on_sigint(signum, frame) -> NoReturn:
+    """Ctrl-C: remember it (whatever it interrupts, e.g. an import that turns it into an ImportError, the
+    launcher then reports an interruption) and raise KeyboardInterrupt."""
+    global _interrupted
+    _interrupted = True
+    raise KeyboardInterrupt
+
+
+def interrupted() -> bool:
+    """Has this launcher received a SIGINT that raised (see `run`)?"""
+    return _interrupted
+
+
+def _report_interrupt(prog: str, err: BaseException) -> NoReturn:
+    detail = str(err) if isinstance(err, KeyboardInterrupt) else ""
+    _close_progress_bars()
+    sys.stderr.flush()
+    print(f"{prog}: interrupted" + (f": {detail}" if detail else ""), file=sys.stderr, flush=True)
+    sys.exit(EXIT_INTERRUPTED)
 
 
 def _show_warning(prog: str, previous: Callable):
@@ -227,17 +284,26 @@ def run(main: Callable[[list[str]], None], prog: str, *, jax_flags: bool = True)
         logging.getLogger("jax._src.xla_bridge").addFilter(_NoTpuProbe())
 
     def guarded(argv: list[str]) -> None:
+        signal.signal(signal.SIGINT, _on_sigint)
         try:
             if jax_flags:
                 watch_supervisor()  # a supervised launcher stops when its supervisor dies
                 _setup_host()
             main(argv)
+        except SystemExit:
+            raise
+        except KeyboardInterrupt as err:
+            _report_interrupt(prog, err)
         except ZayaError as err:
+            if _interrupted:
+                _report_interrupt(prog, err)
             if flags.FLAGS.verbose:
                 _close_progress_bars()
                 traceback.print_exc()
             fail(prog, str(err), exit_code(err))
-        except BaseException:
+        except BaseException as err:
+            if _interrupted:  # e.g. an ImportError from an import the interrupt landed in: not a crash
+                _report_interrupt(prog, err)
             _close_progress_bars()
             raise
 

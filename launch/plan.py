@@ -266,8 +266,19 @@ def _cluster():
         cli.fail("plan", str(err))
 
 
+def _check_out_file(path: str) -> None:
+    """`--out` (without --sweep): a file that can be written, checked before any planning (minutes of compiling)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        cli.fail("plan", f"--out={path} is a directory; pass a file name for the JSON result")
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        cli.fail("plan", f"--out={path}: {parent} is not a writable directory")
+
+
 def main(argv):
     del argv
+    if FLAGS.out and not FLAGS.sweep:
+        _check_out_file(FLAGS.out)
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat

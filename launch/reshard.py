@@ -20,6 +20,7 @@ from launch.cpu_devices import prepare_host
 
 prepare_host()
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import warnings  # noqa: E402
@@ -73,15 +74,31 @@ def _fresh_dir(path: str, flag: str) -> str:
     return path
 
 
+@contextlib.contextmanager
 def _locked_dst(path: str):
-    """`--dst`, new or empty, locked against a concurrent trainer / reshard (released when the process ends)."""
+    """`--dst`, new or empty, locked against a concurrent trainer / reshard while the block writes it. If the block
+    fails, the lock file goes again (unless it was there before) and so does `--dst` if this created it and it is
+    empty: a failed command leaves the user's folders as they were."""
     from zaya_jax.checkpoint import DirLock
+    from zaya_jax.checkpoint.lock import LOCK_NAME
 
     dst = _fresh_dir(path, "--dst")
+    created, lock_file = not os.path.exists(dst), os.path.join(dst, LOCK_NAME)
+    had_lock = os.path.exists(lock_file)
     lock = DirLock({"--dst": dst}, "reshard")
-    lock.acquire(wait_s=0)
-    _fresh_dir(dst, "--dst")  # still empty now that it is ours
-    return dst, lock
+    try:
+        lock.acquire(wait_s=0)
+        _fresh_dir(dst, "--dst")  # still empty now that it is ours
+        yield dst
+    except BaseException:
+        lock.release()
+        with contextlib.suppress(OSError):
+            if not had_lock:
+                os.remove(lock_file)
+            if created:
+                os.rmdir(dst)  # only when empty
+        raise
+    lock.release()
 
 
 def _target_mesh(config):
@@ -122,6 +139,7 @@ def reshard(
     from zaya_jax.checkpoint.manager import tree_nbytes
     from zaya_jax.checkpoint.model_io import open_checkpoint
 
+    _fresh_dir(dst, "--dst")  # before anything is read
     ck, step, meta, config = open_checkpoint(src, step)
     field_bytes = _saved_field_bytes(ck.saved_shapes(step, meta))
     ck.close()
@@ -134,29 +152,28 @@ def reshard(
     if dtype:
         config.model.param_dtype = dtype
     mesh = _target_mesh(config)
-    dst, lock = _locked_dst(dst)
     import jax
 
-    bar = _bar(sum(field_bytes.values()), f"restore step {step}")  # bytes on disk, field by field
+    with _locked_dst(dst) as dst:
+        bar = _bar(sum(field_bytes.values()), f"restore step {step}")  # bytes on disk, field by field
 
-    def progress(name: str, nbytes: int) -> None:
-        bar.set_postfix_str(name)
-        bar.update(field_bytes.get(name, 0))
+        def progress(name: str, nbytes: int) -> None:
+            bar.set_postfix_str(name)
+            bar.update(field_bytes.get(name, 0))
 
-    config, step, meta, _, state, _ = load_train_state(src, mesh, config=config, step=step, progress=progress)
-    bar.close()
-    out = Checkpointer(dst, async_save=False)
-    meta = dict(
-        meta,
-        config=json.loads(config.to_json_best_effort()),
-        mesh={k: int(v) for k, v in mesh.shape.items()},
-        resharded_from=os.path.abspath(src),
-    )
-    with _bar(tree_nbytes(state), f"write {dst}") as wbar:
-        info = out.save(step, state, meta, wait=True)
-        wbar.update(tree_nbytes(state))
-    out.close()
-    lock.release()
+        config, step, meta, _, state, _ = load_train_state(src, mesh, config=config, step=step, progress=progress)
+        bar.close()
+        out = Checkpointer(dst, async_save=False)
+        meta = dict(
+            meta,
+            config=json.loads(config.to_json_best_effort()),
+            mesh={k: int(v) for k, v in mesh.shape.items()},
+            resharded_from=os.path.abspath(src),
+        )
+        with _bar(tree_nbytes(state), f"write {dst}") as wbar:
+            info = out.save(step, state, meta, wait=True)
+            wbar.update(tree_nbytes(state))
+        out.close()
     return {
         "dst": dst,
         "step": step,
@@ -215,7 +232,7 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
     from zaya_jax.train.optimizer import make_optimizer
     from zaya_jax.train.state import create_train_state
 
-    dst, lock = _locked_dst(dst)
+    dst = _fresh_dir(dst, "--dst")  # checked before the import reads anything; locked only to write it
     config = config if config is not None else default_config()
     if dtype:
         config.model.param_dtype = dtype
@@ -238,7 +255,6 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
         mesh = _target_mesh(config)
         _, state, _ = create_train_state(config, mesh, make_optimizer(config), model=model)
         bar.update(1)
-        out = Checkpointer(dst, async_save=False)
         meta = {
             "data": None,
             "seed": int(config.train.seed),
@@ -247,9 +263,10 @@ def import_hf(path: str, dst: str, *, config=None, mesh_spec: str | None, dtype:
             "process_count": 1,
             "imported_from": os.path.abspath(path),
         }
-        info = out.save(0, state, meta, wait=True)
-        out.close()
-        lock.release()
+        with _locked_dst(dst) as dst:
+            out = Checkpointer(dst, async_save=False)
+            info = out.save(0, state, meta, wait=True)
+            out.close()
         bar.update(1)
     return {"dst": dst, "step": 0, "mesh": meta["mesh"], "bytes": info["bytes"]}
 

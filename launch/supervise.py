@@ -12,8 +12,9 @@ shell): its heartbeats, not the child's pid, decide. The supervisor
   starting (import, restore, compilation) or of its last step (final evaluation);
 * restarts a crashed or killed trainer after an exponential backoff (`--backoff` · 2^k, at most
   `--max_backoff`; k counts consecutive attempts that made no progress), up to `--max_restarts`;
-* restarts a trainer that exited 0 after a preemption (heartbeat phase "preempted"), and stops when
-  one exits 0 having finished;
+* restarts a trainer that exited 0 after a preemption (heartbeat phase "preempted"), or that was interrupted
+  (exit 130 or SIGINT: a second Ctrl-C sent to the trainer itself), at once, and stops when one exits 0 having
+  finished;
 * does not restart a trainer that exited 78 (`launch.cli.EXIT_BAD_INPUT`: a config / usage / data error,
   or a workdir in use by another run): the same command would fail the same way; it exits 78 too;
 * reads the available device count (`--available_devices_file`, default `<workdir>/available_devices`,
@@ -49,7 +50,7 @@ import types
 from absl import flags
 
 from launch import cli
-from launch.cli import EXIT_BAD_INPUT
+from launch.cli import EXIT_BAD_INPUT, EXIT_INTERRUPTED
 from zaya_jax.checkpoint.elastic import AVAILABLE_DEVICES_ENV
 from zaya_jax.checkpoint.events import ATTEMPT_ENV, EVENT_LOG_ENV, HEARTBEAT_ENV, EventLog, read_events, read_json
 from zaya_jax.checkpoint.faults import available_devices_file, read_available_devices
@@ -305,6 +306,8 @@ class Supervisor:
         if info["reason"] is None:
             if rc == 0:
                 info["reason"] = "preempted" if info["phase"] == "preempted" else "done"
+            elif rc in (EXIT_INTERRUPTED, -signal.SIGINT):  # Ctrl-C (twice) on the trainer: saved, not a crash
+                info["reason"] = "interrupted"
             else:
                 info["reason"] = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
         info["committed"] = committed_steps(self.args.checkpoint_dir)
@@ -384,7 +387,11 @@ class Supervisor:
             no_progress = 0 if made_progress else no_progress + 1
             reason = info["reason"]
             self.stats["by_reason"][reason] = self.stats["by_reason"].get(reason, 0) + 1
-            delay = 0.0 if reason == "preempted" else min(self.args.backoff * 2**no_progress, self.args.max_backoff)
+            delay = (
+                0.0
+                if reason in ("preempted", "interrupted")
+                else min(self.args.backoff * 2**no_progress, self.args.max_backoff)
+            )
             self.events.write("restart", attempt=attempt + 1, reason=info["reason"], backoff_s=delay)
             self._sleep(delay)
             if self.stop_signal is not None:

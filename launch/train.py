@@ -149,8 +149,15 @@ def main(argv):
             checkpointer=checkpointer,
             hooks=[checkpointer.heartbeat] + ([profiler] if profiler else []),
         )
-    except BaseException:
+    except BaseException as err:
         checkpointer.abort()  # a crash still lets an in-flight save of a good state commit
+        if checkpointer.interrupted or cli.interrupted():  # Ctrl-C twice: whatever it interrupted, not a crash
+            committed = checkpointer.ckpt.committed_steps()
+            raise KeyboardInterrupt(
+                f"newest committed checkpoint: step {committed[-1]}" if committed else "no checkpoint committed"
+            ) from None
+        if checkpointer.ckpt.save_failed:  # don't wait minutes at exit for Orbax's threads of the failed save
+            cli.fail_now("train", err)
         raise
     finally:
         if profiler:

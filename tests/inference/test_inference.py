@@ -4,7 +4,7 @@ The HF model gets every constant-initialised tensor randomised (key temperatures
 biases, EDA scales) and router weights / balancing biases that make routing vary and reach the skip slot,
 then goes through `save_pretrained` → `zaya_jax.hf.load_pretrained` (fp32). References: the model's own
 full forward (decode parity), `transformers` greedy `generate` (generation parity), NumPy (bits per byte,
-multiple-choice scores; the top-k / top-p filters are in tests/test_sampling_filters.py, which
+multiple-choice scores; the top-k / top-p filters are in tests/inference/test_sampling_filters.py, which
 needs no torch). Spec: docs/architecture.md §5, §7, §8.
 
 Shapes are shared between tests so each jitted function compiles once: full forwards [1, 16]; decode steps

@@ -1,5 +1,5 @@
 """The sampling filters of generation (`zaya_jax.inference.filter_logits`: temperature, top-k, top-p) against a
-NumPy reference. Apart from tests/test_inference.py, which builds its models with `transformers` (the
+NumPy reference. Apart from tests/inference/test_inference.py, which builds its models with `transformers` (the
 `reference` extra), so that these run on every CI leg."""
 
 from __future__ import annotations

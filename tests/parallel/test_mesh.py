@@ -1,5 +1,5 @@
 """The device mesh over several nodes: only `data` crosses nodes; `context` and `expert` stay in one, whatever
-order the runtime lists the devices in (the 2-process training run is in tests/test_multiprocess.py)."""
+order the runtime lists the devices in (the 2-process training run is in tests/integration/test_multiprocess.py)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ back to the previous one); a config that builds a different tree raises `Checkpo
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import shutil
@@ -124,6 +125,9 @@ class Checkpointer:
             item_handlers={STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()},
         )
         self._in_flight: tuple[int, float, int] | None = None  # (step, start time, bytes)
+        # a write failed (e.g. a full disk): Orbax's other writer threads of that save then wait minutes for
+        # signals that never come, and a process exiting normally waits for them (launch.train exits at once)
+        self.save_failed = False
         for name in leftovers:
             self.events.write("cleanup_uncommitted", path=os.path.join(self.directory, name))
         self.last_save: dict | None = None
@@ -178,9 +182,8 @@ class Checkpointer:
                 args=ocp.args.Composite(**{STATE: ocp.args.PyTreeSave(state), META: ocp.args.JsonSave(meta)}),
             )
         except Exception as err:  # noqa: BLE001 - report any I/O failure as one line
-            raise CheckpointError(
-                f"saving checkpoint step {step} to {self.directory} failed: {type(err).__name__}: {err}"
-            ) from err
+            self.save_failed = True
+            raise CheckpointError(self._save_failed(step, err)) from err
         blocking = time.perf_counter() - start
         self._in_flight = (int(step), start, nbytes)
         info = {"step": int(step), "bytes": nbytes, "blocking_s": round(blocking, 4)}
@@ -205,9 +208,8 @@ class Checkpointer:
         except Exception as err:  # noqa: BLE001
             step = self._in_flight[0] if self._in_flight else "?"
             self._in_flight = None
-            raise CheckpointError(
-                f"saving checkpoint step {step} to {self.directory} failed: {type(err).__name__}: {err}"
-            ) from err
+            self.save_failed = True
+            raise CheckpointError(self._save_failed(step, err)) from err
         if self._in_flight is None:
             return None
         step, start, nbytes = self._in_flight
@@ -223,6 +225,16 @@ class Checkpointer:
         }
         self.events.write("commit", **self.last_save)
         return self.last_save
+
+    def _save_failed(self, step, err: BaseException) -> str:
+        """The one-line report of a failed save (a full disk named as such, without TensorStore's spec dumps)."""
+        text = f"{type(err).__name__}: {err}"
+        if isinstance(err, OSError) and err.errno == errno.ENOSPC or "No space left on device" in text:
+            return (
+                f"saving checkpoint step {step} to {self.directory} failed: No space left on device; "
+                "earlier checkpoints are kept: free space there (or set checkpoint.dir) and rerun to resume"
+            )
+        return f"saving checkpoint step {step} to {self.directory} failed: {first_line(err)}"
 
     def _written(self) -> None:
         """Orbax's post-finalization callback (its save thread): the in-flight save is on disk."""

@@ -13,6 +13,13 @@ trainer whose supervisor died (SIGKILL included):
 Either way the trainer gets SIGTERM: it finishes the step, saves a checkpoint and exits (the preemption path
 of `TrainCheckpointer`). A trainer that has not exited `grace_s` seconds later (stuck in a compile, or before
 it could install its handler) is killed (SIGKILL); committed checkpoints are never affected.
+
+Both act from inside the trainer, so neither ends a trainer that is SIGSTOPped or truly hung (a C call holding
+the GIL). `watch_supervisor` therefore also starts a sentinel process (`zaya_jax.checkpoint.sentinel`, standard
+library only, in its own session): when the supervisor is gone it sends the trainer SIGTERM and SIGCONT (a
+stopped trainer resumes, saves and exits) and SIGKILL if it still runs a little after `grace_s`. A separate
+process rather than a second thread, because only another process can act on a stopped one; the trainer, not
+the supervisor, starts it, because the supervisor's death is the case it covers.
 """
 
 from __future__ import annotations
@@ -129,4 +136,26 @@ def watch_supervisor(on_lost=None, poll_s: float = 1.0) -> threading.Thread | No
 
     _watcher = threading.Thread(target=watch, name="zaya-supervisor-watch", daemon=True)
     _watcher.start()
+    _start_sentinel(supervisor, grace)
     return _watcher
+
+
+def _start_sentinel(supervisor: tuple[int, str | None], grace: float) -> None:
+    """The out-of-process watchdog (`zaya_jax.checkpoint.sentinel`) for a trainer that cannot stop itself (Linux:
+    it reads /proc)."""
+    if not os.path.isdir("/proc/self"):
+        return
+    import subprocess
+
+    pid = os.getpid()
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sentinel.py")
+    args = [str(pid), start_time(pid) or "", str(supervisor[0]), supervisor[1] or "", f"{grace:g}"]
+    try:
+        subprocess.Popen(
+            [sys.executable, "-S", path, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to the trainer's process group (SIGSTOP, SIGINT) does not reach it
+        )
+    except OSError:  # the in-process watchdog still runs
+        pass

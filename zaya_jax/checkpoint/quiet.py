@@ -2,7 +2,9 @@
 
 * Orbax's per-save INFO lines (dozens per checkpoint) are dropped; its warnings pass, except those about
   situations this package handles and reports itself (a read-only directory opened on purpose, files missing
-  from a damaged checkpoint).
+  from a damaged checkpoint). Its error reports of a failed background save (a full disk: one traceback per
+  writer thread, hundreds of lines) are dropped too: the failure is raised to `Checkpointer` and reported in
+  one line.
 * When a restore fails on a damaged file, Orbax leaves other reads of the same restore pending; they later
   print pages of "exception was never retrieved" / "Event loop is closed" tracebacks with TensorStore specs.
   The failure itself is raised (and reported in one line) by `Checkpointer.restore`, so these echoes are dropped.
@@ -20,6 +22,13 @@ _HANDLED_WARNINGS = (
     "Metadata file does not exist",
     'Item "state" was found in the checkpoint, but could not be restored',
 )
+# Orbax's own reports of a failed background save (one per writer thread, each with a traceback): the failure is
+# raised by `Checkpointer.wait` / `save` and reported there in one line
+_SAVE_FAILURE_LOGS = (
+    "_SignalingThread.run() raised an exception",
+    "Failed to run",
+    "Save Finalize thread",
+)
 _ECHOES = ("Encountered error while reading array index", "Event loop is closed")
 _ECHO_SOURCES = ("OCDBT", "orbax", "TensorStore", "tensorstore")
 _installed = False
@@ -29,6 +38,8 @@ class _OrbaxFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if f"{os.sep}orbax{os.sep}" not in record.pathname:
             return True
+        if record.levelno >= logging.ERROR and any(m in record.getMessage() for m in _SAVE_FAILURE_LOGS):
+            return False
         return record.levelno >= logging.WARNING and not str(record.msg).startswith(_HANDLED_WARNINGS)
 
 

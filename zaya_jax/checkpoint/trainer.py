@@ -13,7 +13,9 @@ periodic async save → injected process faults → preemption. A rollback resto
 committed checkpoint and keeps the data iterator where it is, so the batches since that checkpoint
 (including the offending one) are skipped. SIGTERM/SIGINT finish the step, save, and stop the loop: the
 signal is only noted when it arrives and acted on at one point of `maybe_save` (after the periodic save),
-so `stop_requested` never changes between that point and the loop's check of it. In multi-process runs jax's
+so `stop_requested` never changes between that point and the loop's check of it. A second SIGINT stops at once
+(the SIGINT handler installed before the trainer's, else KeyboardInterrupt), except inside a checkpoint write, where
+it waits until the save has been handed to Orbax (and `abort` lets it commit). In multi-process runs jax's
 preemption service handles SIGTERM instead (`jax.experimental.multihost_utils.reached_preemption_sync_point`).
 
 Restores (at start and on rollback) take the newest committed step that reads back intact: a step with a
@@ -28,6 +30,7 @@ in-flight saves.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -113,6 +116,9 @@ class TrainCheckpointer:
         self._rollbacks: collections.Counter = collections.Counter()
         self._resume_changes: dict = {}  # config fields that differ from the restored checkpoint's
         self._old_handlers: dict = {}
+        self.interrupted = False  # a second SIGINT arrived (stop at once)
+        self._writing = 0  # > 0 while a checkpoint write is being started or waited for (see `_write_section`)
+        self._interrupt_pending = False
         if handle_signals and not self._multi_process and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -121,9 +127,37 @@ class TrainCheckpointer:
     # ---- signals ---------------------------------------------------------------------------------------
     def _on_signal(self, signum, frame) -> None:
         if (self.stop_requested or self._signal_received) and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C stops at once
+            self.interrupted = True  # a second Ctrl-C stops at once, but never in the middle of a checkpoint write
+            if self._writing:
+                self._interrupt_pending = True  # raised when the write section ends (`_write_section`)
+            else:
+                self._interrupt(frame)
+            return
         self.stop_signal = signal.Signals(signum).name
         self._signal_received = True  # acted on in `_agree_on_stop`, never in between
+
+    def _interrupt(self, frame=None) -> None:
+        """Stop at once: the SIGINT handler that was installed before ours (a launcher's records the interruption,
+        `launch.cli`), else KeyboardInterrupt."""
+        previous = self._old_handlers.get(signal.SIGINT)
+        if callable(previous):
+            previous(signal.SIGINT, frame)
+        raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def _write_section(self, *, interruptible: bool = True):
+        """A checkpoint save being started or waited for: a second SIGINT arriving inside is acted on when it
+        ends, so the save is handed to Orbax whole and commits (`abort` waits for it). `interruptible=False`
+        (`abort`, already stopping): the deferred interrupt is dropped."""
+        self._writing += 1
+        try:
+            yield
+        finally:
+            self._writing -= 1
+        if not self._writing and self._interrupt_pending:
+            self._interrupt_pending = False
+            if interruptible:
+                self._interrupt()
 
     def _agree_on_stop(self, step: int) -> None:
         """The one place `stop_requested` is set. Single process: a SIGTERM/SIGINT noted by `_on_signal`.
@@ -336,9 +370,10 @@ class TrainCheckpointer:
     def _save(self, step: int, state: Any, train_iter: Any, *, wait: bool = False) -> None:
         if self._last_saved == step:
             return
-        info = self.ckpt.save(step, self._encode(state), self._meta(train_iter), wait=wait)
-        self._last_saved = step
-        self.events.write("save", **info)
+        with self._write_section():  # a second SIGINT is acted on once the save is handed over and logged
+            info = self.ckpt.save(step, self._encode(state), self._meta(train_iter), wait=wait)
+            self._last_saved = step
+            self.events.write("save", **info)
         if fault := self.faults.due("sigkill_during_save", step):
             in_flight = step not in self.ckpt.committed_steps()
             self.faults.kill_now(fault, step, in_flight=in_flight)
@@ -351,7 +386,8 @@ class TrainCheckpointer:
     def abort(self) -> None:
         """The run is failing (exception / KeyboardInterrupt): let an in-flight save of a good state commit."""
         try:
-            self.ckpt.wait()
+            with self._write_section(interruptible=False):
+                self.ckpt.wait()
         except CheckpointError as err:
             self.events.write("abort_save_failed", error=str(err))
         finally:
@@ -367,9 +403,10 @@ class TrainCheckpointer:
     def finish(self, step: int, state: Any, train_iter: Any = None) -> None:
         """Save the final step (if not saved yet), wait for commits, apply retention, close."""
         try:
-            if step > 0 and self._last_saved != step:
-                self._save(step, state, train_iter)
-            self.ckpt.close()
+            with self._write_section():
+                if step > 0 and self._last_saved != step:
+                    self._save(step, state, train_iter)
+                self.ckpt.close()
         finally:
             self._restore_signal_handlers()
             self.lock.release()

@@ -11,8 +11,9 @@ prepared output:
 
 Documents are concatenated (each followed by eos) and cut into rows; a document may continue in the next row.
 Every shard of a task except its last holds exactly `shard_size` rows. Files are written to temporary names and
-renamed, so a half-written shard never counts; an interrupted task resumes after its last complete shard, and
-its output is the same as an uninterrupted run's. Nothing here depends on how many tasks run at once.
+renamed, so a half-written shard never counts (a rerun deletes it); an interrupted task resumes after its last
+complete shard, and its output is the same as an uninterrupted run's. Nothing here depends on how many tasks run at
+once.
 """
 
 from __future__ import annotations
@@ -113,6 +114,17 @@ class _Packer:
         self.shard, self.fill, self.runs = self.shard + 1, 0, []
 
 
+def _remove_partial_writes(task_dir: str) -> None:
+    """Delete the temporary files (`write_atomic`) an interrupted run of this task left behind: they never count,
+    and the rerun writes its own."""
+    for name in os.listdir(task_dir):
+        if name.endswith(".tmp"):
+            try:
+                os.remove(os.path.join(task_dir, name))
+            except FileNotFoundError:
+                pass
+
+
 def completed_shards(out: str) -> list[dict]:
     """Sidecars of the consecutive complete shards 0..k-1 already in task directory `out`."""
     done = []
@@ -183,6 +195,7 @@ def run_task(
     if os.path.exists(marker):
         return read_json(marker)
     os.makedirs(task_dir, exist_ok=True)
+    _remove_partial_writes(task_dir)
     done = completed_shards(task_dir)
     if not (done and done[-1]["final"]):
         pack_documents(iter_chunk_documents(chunks, text_key), task_dir, tok, row_len, shard_rows, done)

@@ -15,9 +15,10 @@ directory (all rows have `row_len = seq_len + 1` tokens: inputs + the label shif
 The rows are the tasks' rows in task order, a deterministic function of the inputs and `task_bytes`: one worker,
 16 workers or 16 machines write byte-identical files. A rerun with the same configuration redoes only incomplete
 tasks (an interrupted task resumes after its last complete shard); a directory holding anything else is never
-overwritten. A preparation that fails on bad input, started in an empty directory on one machine, removes what
-it wrote, so a rerun with the input fixed starts clean. Input files are found and read by
-`zaya_jax.data.inputs` (which warns about files that are mostly not text).
+overwritten (and a refused directory is left untouched, without a lock file). A preparation that fails on bad
+input, started in an empty directory on one machine, removes what it wrote (its lock file and a directory it
+created included), so a rerun with the input fixed starts clean and the user's folders are as they were. Input
+files are found and read by `zaya_jax.data.inputs` (which warns about files that are mostly not text).
 """
 
 from __future__ import annotations
@@ -126,6 +127,17 @@ def _remove_preparation(out: str) -> None:
             os.remove(path)
 
 
+def _remove_own(out: str, created: bool, had_lock: bool) -> None:
+    """After a failure or refusal: remove the lock file this run created, and `out` itself if this run created it
+    and it is empty again, so the user's folders are as they were."""
+    if not had_lock:
+        with contextlib.suppress(OSError):
+            os.remove(os.path.join(out, LOCK))
+    if created:
+        with contextlib.suppress(OSError):
+            os.rmdir(out)  # only when empty
+
+
 def node_tasks(num_tasks: int, num_nodes: int, node_rank: int) -> range:
     """The contiguous share of tasks [0, num_tasks) that machine `node_rank` of `num_nodes` runs."""
     return range(num_tasks * node_rank // num_nodes, num_tasks * (node_rank + 1) // num_nodes)
@@ -170,14 +182,22 @@ def prepare(
         inputs=[[f, size, _stat(f).st_mtime_ns] for f, size in zip(files, sizes)],
     )
     fp = _fingerprint(config)
+    created = not os.path.exists(output_dir)
+    if not created and os.path.isdir(output_dir):
+        _check_output_dir(output_dir, config, fp)  # a refusal writes nothing, not even the lock file
     _make_dir(output_dir)
-    with _locked(output_dir):
-        manifest = _check_output_dir(output_dir, config, fp)
-        if manifest is not None:
-            return manifest
-        fresh = not os.path.exists(os.path.join(output_dir, CONFIG))
-        if fresh:
-            write_json(os.path.join(output_dir, CONFIG), dict(config_fingerprint=fp, config=config))
+    had_lock = os.path.exists(os.path.join(output_dir, LOCK))
+    try:
+        with _locked(output_dir):
+            manifest = _check_output_dir(output_dir, config, fp)
+            if manifest is not None:
+                return manifest
+            fresh = not os.path.exists(os.path.join(output_dir, CONFIG))
+            if fresh:
+                write_json(os.path.join(output_dir, CONFIG), dict(config_fingerprint=fp, config=config))
+    except DataError:
+        _remove_own(output_dir, created, had_lock)
+        raise
     tasks = plan_tasks(files, sizes, task_bytes)
     step = TaskStep(
         output_dir,
@@ -196,6 +216,7 @@ def prepare(
     except DataError:
         if fresh and num_nodes == 1:  # everything in the directory is this run's: nothing may block a fixed rerun
             _remove_preparation(output_dir)
+            _remove_own(output_dir, created, had_lock)
         raise
 
 
