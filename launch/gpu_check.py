@@ -4,12 +4,20 @@
     python -m launch.gpu_check --out=benchmarks/gpu/h100            # ≤ 8 min on one H100 / H200 / MI300X
     python -m launch.gpu_check --smoke --out=/tmp/gpu_check         # every section at CPU sizes (CI)
     python -m launch.gpu_check --lower=rocm,cuda --config=experiments/zaya1_tiny.py   # from any host, no GPU
+    python -m launch.gpu_check --compile=h100,mi300x --config=experiments/zaya1.py:1b --out=/tmp/gpu_compile
 
 `--out` writes DIR/report.md and DIR/report.csv (one row per measurement) and exits 1 if any check failed:
 device / versions / environment / resolved kernels, bf16 GEMM peak and HBM bandwidth, loss parity against the
 CPU in fp32, train-step time / tokens/s / MFU per grouped-GEMM and attention kernel, compiled memory and compile
 time against `launch.plan`. `--lower` lowers the train step of `--config` for each platform from this host and
 prints `lowered for <platform>: ok (<N> ops; CPU-only ops: <K>)` per platform; exit 1 if one is not ok.
+`--compile` compiles the train step of `--config` with the GPU compiler for each named target from any host
+(the `gpu-compile` extra; `zaya_jax.planning.gpu_compile`), on `--mesh` over a topology of `--nodes` x
+`--gpus_per_node` GPUs, one child process per target started with the platform's launch/<platform>/env.sh XLA
+flags; it prints `compiled for <target>: ok (peak ...)` per target, writes report.md, report.json and
+<target>.hlo.txt (the scheduled HLO) into `--out`, and exits 1 if a target fails to compile or does not fit.
+The full check runs on a GPU only; on a host without one it stops at once (use --smoke, --lower or --compile).
+`--out` is checked and created before any work.
 """
 
 from launch.cpu_devices import prepare_host
@@ -20,6 +28,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -29,12 +38,25 @@ from zaya_jax.bench.gpu_check.cases import FILL_CONFIGS  # noqa: E402
 
 PLATFORMS = ("rocm", "cuda", "cpu")
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "--lower: experiment config file (default: the tiny one)")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "--lower / --compile: experiment config file (default: the tiny one)"
+)
 flags.DEFINE_string("out", None, "write report.md and report.csv into this directory")
 flags.DEFINE_bool("smoke", False, "every section at tiny shapes on the CPU kernels, 1-2 timing trials (CI)")
 flags.DEFINE_list("lower", None, f"lower the train step for these platforms ({', '.join(PLATFORMS)}) and exit")
 flags.DEFINE_list("configs", list(FILL_CONFIGS), f"--out: configs that fill one GPU, of {', '.join(FILL_CONFIGS)}")
 flags.DEFINE_float("budget_s", 320.0, "--out: cases other than the defaults that would start later are skipped")
+flags.DEFINE_list("compile", None, "compile the train step for these GPU targets (h100, h200, mi300x, mi325x)")
+flags.DEFINE_string("mesh", None, "--compile: mesh sizes, e.g. data:8 or data:2,expert:4 (default: the config's)")
+flags.DEFINE_integer("nodes", None, "--compile: nodes of the topology (default: what the mesh needs)", lower_bound=1)
+flags.DEFINE_integer("gpus_per_node", 8, "--compile: GPUs per node", lower_bound=1)
+flags.DEFINE_integer(
+    "batch_per_device",
+    None,
+    "--compile: sequences per batch shard per micro-batch (default: the config's global batch)",
+    lower_bound=1,
+)
+flags.DEFINE_integer("seq_len", None, "--compile: sequence length (default: the config's)", lower_bound=1)
 flags.DEFINE_string("job", None, "internal: run one gpu_check job in this process (zaya_jax.bench.gpu_check.jobs)")
 flags.DEFINE_string("job_spec", "{}", "internal: the job's JSON spec")
 flags.DEFINE_string("job_out", None, "internal: where the job writes its JSON result")
@@ -59,8 +81,121 @@ def lower(platforms: list[str]) -> None:
         sys.exit(cli.EXIT_FAILURE)
 
 
+def check_out_dir(path: str) -> str:
+    """Create `path` (a folder) now, before any work, so that a bad path never loses a report; one line, exit 78
+    if it is a file or cannot be written."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        cli.fail(PROG, f"--out={path} is an existing file; give a folder for the report")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        cli.fail(PROG, f"--out={path}: cannot write the report there ({err.strerror or err}); give a writable folder")
+    return path
+
+
+def _has_gpu() -> bool:
+    import jax
+
+    return any(d.platform in ("gpu", "cuda", "rocm") for d in jax.devices())
+
+
+def _compile_setup():
+    """(config set up for the compile, nodes, gpus per node) from --config, --mesh, --nodes, --seq_len."""
+    from zaya_jax.config import ConfigError, load_config
+    from zaya_jax.parallel.mesh import AXES, parse_mesh_spec
+    from zaya_jax.planning import gpu_target
+    from zaya_jax.planning.abstract_step import planning_config
+
+    config = _CONFIG.value if _CONFIG.value is not None else load_config("experiments/zaya1_tiny.py")
+    try:
+        mesh = parse_mesh_spec(FLAGS.mesh) if FLAGS.mesh else {a: int(config.mesh[a]) for a in AXES}
+        nodes, gpus = gpu_target.topology_for(mesh, FLAGS.nodes, FLAGS.gpus_per_node)
+        cfg, _ = planning_config(
+            config,
+            mesh=mesh,
+            seq_len=FLAGS.seq_len,
+            batch_per_device=FLAGS.batch_per_device or gpu_target.batch_per_shard(config, mesh, nodes * gpus),
+            dispatch=None,
+            num_devices=nodes * gpus,
+        )
+    except ConfigError as err:
+        cli.fail(PROG, str(err))
+    return cfg, nodes, gpus
+
+
+def compile_job(target: str, out_dir: str) -> None:
+    """In a child process started by `compile_targets`: compile for one target; write <target>.json / .hlo.txt."""
+    from zaya_jax.planning import gpu_compile
+
+    cfg, nodes, gpus = _compile_setup()
+    result = gpu_compile.compile_step(cfg, target, nodes=nodes, gpus_per_node=gpus)
+    with open(os.path.join(out_dir, f"{target}.hlo.txt"), "w", encoding="utf-8") as f:
+        f.write(result.hlo_text)
+    with open(os.path.join(out_dir, f"{target}.json"), "w", encoding="utf-8") as f:
+        json.dump(result.as_dict() | {"line": result.line()}, f, default=str)
+
+
+def compile_targets(targets: list[str], out_dir: str | None) -> None:
+    """One child process per target with the platform's XLA flags (an abort inside XLA ends only the child)."""
+    import subprocess
+    import time
+
+    from zaya_jax.config import ConfigError
+    from zaya_jax.planning import gpu_report, gpu_target
+
+    try:
+        chosen = [gpu_target.get_target(t) for t in targets]
+    except ConfigError as err:
+        cli.fail(PROG, f"--compile: {err}")
+    for reason in dict.fromkeys(filter(None, (gpu_target.missing_extra(t.platform) for t in chosen))):
+        cli.fail(PROG, reason)
+    cfg, nodes, gpus = _compile_setup()  # bad input stops here, in this process, in one line
+    work = out_dir or tempfile.mkdtemp(prefix="gpu_compile_")
+    config_args = [a for a in sys.argv[1:] if a.startswith(("--config", "--mesh", "--nodes", "--gpus_per_node"))]
+    config_args += [a for a in sys.argv[1:] if a.startswith(("--seq_len", "--batch_per_device", "--verbose"))]
+    results = []
+    for target in chosen:
+        env = dict(os.environ, XLA_FLAGS=gpu_target.env_xla_flags(target.platform), JAX_PLATFORMS="cpu")
+        cmd = [sys.executable, "-m", "launch.gpu_check", f"--job=gpu_compile:{target.name}", f"--job_out={work}"]
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd + config_args, env=env, capture_output=True, text=True)
+        path = os.path.join(work, f"{target.name}.json")
+        if done.returncode == 0 and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                result = json.load(f)
+        else:
+            lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+            cause = next((ln for ln in lines if "Fatal" in ln or "error:" in ln), lines[-1] if lines else "")
+            error = f"the compile process ended with exit code {done.returncode}: {cause.strip()[:300]}"
+            line = f"compiled for {target.name}: FAILED ({error}; {time.perf_counter() - t0:.1f} s)"
+            result = dict(target=target.name, platform=target.platform, topology=f"{nodes}x{gpus}", ok=False)
+            result |= dict(mesh=dict(cfg.mesh), error=error, line=line, fits=False)
+        print(result["line"], flush=True)
+        results.append(result)
+    if out_dir:
+        setup = dict(
+            nodes=nodes, gpus_per_node=gpus, seq_len=cfg.train.seq_len, global_batch=cfg.train.global_batch_size
+        )
+        setup |= dict(microbatches=cfg.train.microbatches, remat=cfg.model.remat, dispatch=cfg.model.dispatch)
+        command = "python -m launch.gpu_check " + shlex.join(sys.argv[1:])
+        gpu_report.write(out_dir, results, command=command, setup=setup)
+        print(f"{PROG}: wrote {out_dir}/report.md, report.json and the scheduled HLO per target", flush=True)
+    if not all(r["ok"] and r["fits"] for r in results):
+        sys.exit(cli.EXIT_FAILURE)
+
+
 def main(argv: list[str]) -> None:
     del argv
+    out_dir = check_out_dir(FLAGS.out) if FLAGS.out else None
+    if FLAGS.job and FLAGS.job.startswith("gpu_compile:"):
+        compile_job(FLAGS.job.split(":", 1)[1], FLAGS.job_out)
+        return
+    if FLAGS.compile:
+        compile_targets(FLAGS.compile, out_dir)
+        return
     if FLAGS.job:
         cpu_devices.emulate(1, explicit=False)
         cli.compilation_cache("none")
@@ -76,11 +211,17 @@ def main(argv: list[str]) -> None:
         lower(FLAGS.lower)
         return
     if not FLAGS.out:
-        cli.fail(PROG, "give --out=DIR (the check and its report) or --lower=rocm,cuda (lowering only)")
+        cli.fail(PROG, "give --out=DIR (the check and its report), --lower=rocm,cuda or --compile=h100,mi300x")
     unknown = sorted(set(FLAGS.configs) - set(FILL_CONFIGS))
     if unknown or not FLAGS.configs:
         cli.fail(PROG, f"--configs={','.join(FLAGS.configs)}: choose one or more of {', '.join(FILL_CONFIGS)}")
     cpu_devices.emulate(1, explicit=False)
+    if not FLAGS.smoke and not _has_gpu():  # the full check sizes its cases for one GPU's memory
+        cli.fail(
+            PROG,
+            "no GPU on this host: the full check runs on one GPU; here use --smoke (CPU sizes), "
+            "--lower=rocm,cuda or --compile=h100,mi300x",
+        )
     cli.compilation_cache("none")  # compile times are measured: no persistent-cache hits
     # This process only runs the small sections on the device; the train-step cases run in processes of their own
     # (zaya_jax/bench/gpu_check/__init__.py) and get the device memory as the user configured it.
