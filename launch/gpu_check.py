@@ -13,9 +13,10 @@ time against `launch.plan`. `--lower` lowers the train step of `--config` for ea
 prints `lowered for <platform>: ok (<N> ops; CPU-only ops: <K>)` per platform; exit 1 if one is not ok.
 `--compile` compiles the train step of `--config` with the GPU compiler for each named target from any host
 (the `gpu-compile` extra; `zaya_jax.planning.gpu_compile`), on `--mesh` over a topology of `--nodes` x
-`--gpus_per_node` GPUs, one child process per target started with the platform's launch/<platform>/env.sh XLA
-flags; it prints `compiled for <target>: ok (peak ...)` per target, writes report.md, report.json and
-<target>.hlo.txt (the scheduled HLO) into `--out`, and exits 1 if a target fails to compile or does not fit.
+`--gpus_per_node` GPUs, one child process per target with the platform's launch/<platform>/env.sh XLA flags
+(`launch.gpu_compile_job`); it prints `compiled for <target>: ok (peak ...)` per target, writes report.md,
+report.json and <target>.hlo.txt (the scheduled HLO) into `--out`, and exits 1 if a target fails to compile or
+does not fit.
 The full check runs on a GPU only; on a host without one it stops at once (use --smoke, --lower or --compile).
 `--out` is checked and created before any work.
 """
@@ -34,7 +35,6 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from launch import cli, cpu_devices  # noqa: E402
-from zaya_jax.bench.gpu_check.cases import FILL_CONFIGS  # noqa: E402
 
 PLATFORMS = ("rocm", "cuda", "cpu")
 
@@ -44,7 +44,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 flags.DEFINE_string("out", None, "write report.md and report.csv into this directory")
 flags.DEFINE_bool("smoke", False, "every section at tiny shapes on the CPU kernels, 1-2 timing trials (CI)")
 flags.DEFINE_list("lower", None, f"lower the train step for these platforms ({', '.join(PLATFORMS)}) and exit")
-flags.DEFINE_list("configs", list(FILL_CONFIGS), f"--out: configs that fill one GPU, of {', '.join(FILL_CONFIGS)}")
+# (the case tables are imported in `main`: a bad --out is refused before the check's modules load)
+flags.DEFINE_list("configs", None, "--out: configs that fill one GPU (default: all of gpu_check.cases.FILL_CONFIGS)")
 flags.DEFINE_float("budget_s", 320.0, "--out: cases other than the defaults that would start later are skipped")
 flags.DEFINE_list("compile", None, "compile the train step for these GPU targets (h100, h200, mi300x, mi325x)")
 flags.DEFINE_string("mesh", None, "--compile: mesh sizes, e.g. data:8 or data:2,expert:4 (default: the config's)")
@@ -82,17 +83,25 @@ def lower(platforms: list[str]) -> None:
 
 
 def check_out_dir(path: str) -> str:
-    """Create `path` (a folder) now, before any work, so that a bad path never loses a report; one line, exit 78
-    if it is a file or cannot be written."""
+    """Check `--out` before any work (one line, exit 78): not an existing file, and a folder that can be made and
+    written; nothing is created yet (a refused command leaves the user's folders as they were)."""
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.exists(path) and not os.path.isdir(path):
         cli.fail(PROG, f"--out={path} is an existing file; give a folder for the report")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        cli.fail(PROG, f"--out={path}: {parent} is not a writable folder; give a folder the report can be written to")
+    return path
+
+
+def make_out_dir(path: str) -> str:
+    """Create the checked `--out` folder once the inputs are known good, before the work that fills it."""
     try:
         os.makedirs(path, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
-            pass
     except OSError as err:
-        cli.fail(PROG, f"--out={path}: cannot write the report there ({err.strerror or err}); give a writable folder")
+        cli.fail(PROG, f"--out={path}: cannot create the report folder ({err.strerror or err})")
     return path
 
 
@@ -126,23 +135,9 @@ def _compile_setup():
     return cfg, nodes, gpus
 
 
-def compile_job(target: str, out_dir: str) -> None:
-    """In a child process started by `compile_targets`: compile for one target; write <target>.json / .hlo.txt."""
-    from zaya_jax.planning import gpu_compile
-
-    cfg, nodes, gpus = _compile_setup()
-    result = gpu_compile.compile_step(cfg, target, nodes=nodes, gpus_per_node=gpus)
-    with open(os.path.join(out_dir, f"{target}.hlo.txt"), "w", encoding="utf-8") as f:
-        f.write(result.hlo_text)
-    with open(os.path.join(out_dir, f"{target}.json"), "w", encoding="utf-8") as f:
-        json.dump(result.as_dict() | {"line": result.line()}, f, default=str)
-
-
 def compile_targets(targets: list[str], out_dir: str | None) -> None:
-    """One child process per target with the platform's XLA flags (an abort inside XLA ends only the child)."""
-    import subprocess
-    import time
-
+    """Compile for each target in a child process (`launch.gpu_compile_job`), print its line, write the report."""
+    from launch.gpu_compile_job import run_in_child
     from zaya_jax.config import ConfigError
     from zaya_jax.planning import gpu_report, gpu_target
 
@@ -153,36 +148,19 @@ def compile_targets(targets: list[str], out_dir: str | None) -> None:
     for reason in dict.fromkeys(filter(None, (gpu_target.missing_extra(t.platform) for t in chosen))):
         cli.fail(PROG, reason)
     cfg, nodes, gpus = _compile_setup()  # bad input stops here, in this process, in one line
-    work = out_dir or tempfile.mkdtemp(prefix="gpu_compile_")
-    config_args = [a for a in sys.argv[1:] if a.startswith(("--config", "--mesh", "--nodes", "--gpus_per_node"))]
-    config_args += [a for a in sys.argv[1:] if a.startswith(("--seq_len", "--batch_per_device", "--verbose"))]
     results = []
-    for target in chosen:
-        env = dict(os.environ, XLA_FLAGS=gpu_target.env_xla_flags(target.platform), JAX_PLATFORMS="cpu")
-        cmd = [sys.executable, "-m", "launch.gpu_check", f"--job=gpu_compile:{target.name}", f"--job_out={work}"]
-        t0 = time.perf_counter()
-        done = subprocess.run(cmd + config_args, env=env, capture_output=True, text=True)
-        path = os.path.join(work, f"{target.name}.json")
-        if done.returncode == 0 and os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                result = json.load(f)
-        else:
-            lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
-            cause = next((ln for ln in lines if "Fatal" in ln or "error:" in ln), lines[-1] if lines else "")
-            error = f"the compile process ended with exit code {done.returncode}: {cause.strip()[:300]}"
-            line = f"compiled for {target.name}: FAILED ({error}; {time.perf_counter() - t0:.1f} s)"
-            result = dict(target=target.name, platform=target.platform, topology=f"{nodes}x{gpus}", ok=False)
-            result |= dict(mesh=dict(cfg.mesh), error=error, line=line, fits=False)
-        print(result["line"], flush=True)
-        results.append(result)
+    with tempfile.TemporaryDirectory(prefix="gpu_compile_") as scratch:
+        work = make_out_dir(out_dir) if out_dir else scratch
+        for target in chosen:
+            results.append(run_in_child(cfg, target, nodes, gpus, work))
+            print(results[-1]["line"], flush=True)
     if out_dir:
-        setup = dict(
-            nodes=nodes, gpus_per_node=gpus, seq_len=cfg.train.seq_len, global_batch=cfg.train.global_batch_size
-        )
-        setup |= dict(microbatches=cfg.train.microbatches, remat=cfg.model.remat, dispatch=cfg.model.dispatch)
+        setup = dict(nodes=nodes, gpus_per_node=gpus, seq_len=cfg.train.seq_len)
+        setup |= dict(global_batch=cfg.train.global_batch_size, microbatches=cfg.train.microbatches)
+        setup |= dict(remat=cfg.model.remat, dispatch=cfg.model.dispatch)
         command = "python -m launch.gpu_check " + shlex.join(sys.argv[1:])
         gpu_report.write(out_dir, results, command=command, setup=setup)
-        print(f"{PROG}: wrote {out_dir}/report.md, report.json and the scheduled HLO per target", flush=True)
+        print(f"{PROG}: wrote {out_dir}/report.md, report.json and <target>.hlo.txt (the scheduled HLO)", flush=True)
     if not all(r["ok"] and r["fits"] for r in results):
         sys.exit(cli.EXIT_FAILURE)
 
@@ -190,9 +168,6 @@ def compile_targets(targets: list[str], out_dir: str | None) -> None:
 def main(argv: list[str]) -> None:
     del argv
     out_dir = check_out_dir(FLAGS.out) if FLAGS.out else None
-    if FLAGS.job and FLAGS.job.startswith("gpu_compile:"):
-        compile_job(FLAGS.job.split(":", 1)[1], FLAGS.job_out)
-        return
     if FLAGS.compile:
         compile_targets(FLAGS.compile, out_dir)
         return
@@ -212,9 +187,12 @@ def main(argv: list[str]) -> None:
         return
     if not FLAGS.out:
         cli.fail(PROG, "give --out=DIR (the check and its report), --lower=rocm,cuda or --compile=h100,mi300x")
-    unknown = sorted(set(FLAGS.configs) - set(FILL_CONFIGS))
-    if unknown or not FLAGS.configs:
-        cli.fail(PROG, f"--configs={','.join(FLAGS.configs)}: choose one or more of {', '.join(FILL_CONFIGS)}")
+    from zaya_jax.bench.gpu_check.cases import FILL_CONFIGS
+
+    configs = list(FILL_CONFIGS) if FLAGS.configs is None else FLAGS.configs
+    unknown = sorted(set(configs) - set(FILL_CONFIGS))
+    if unknown or not configs:
+        cli.fail(PROG, f"--configs={','.join(configs)}: choose one or more of {', '.join(FILL_CONFIGS)}")
     cpu_devices.emulate(1, explicit=False)
     if not FLAGS.smoke and not _has_gpu():  # the full check sizes its cases for one GPU's memory
         cli.fail(
@@ -222,6 +200,7 @@ def main(argv: list[str]) -> None:
             "no GPU on this host: the full check runs on one GPU; here use --smoke (CPU sizes), "
             "--lower=rocm,cuda or --compile=h100,mi300x",
         )
+    make_out_dir(out_dir)
     cli.compilation_cache("none")  # compile times are measured: no persistent-cache hits
     # This process only runs the small sections on the device; the train-step cases run in processes of their own
     # (zaya_jax/bench/gpu_check/__init__.py) and get the device memory as the user configured it.
@@ -233,7 +212,7 @@ def main(argv: list[str]) -> None:
     options = Options(
         out_dir=FLAGS.out,
         smoke=FLAGS.smoke,
-        configs=tuple(FLAGS.configs),
+        configs=tuple(configs),
         budget_s=FLAGS.budget_s,
         job_command=(sys.executable, "-m", "launch.gpu_check"),
         command="python -m launch.gpu_check " + shlex.join(sys.argv[1:]),

@@ -53,6 +53,12 @@ flags.DEFINE_integer("seq_len", None, "sequence length (default: config.train.se
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.planning.sizing.HARDWARE)")
+flags.DEFINE_string(
+    "target",
+    None,
+    "also compile the planned step with the GPU compiler for this GPU (h100, h200, mi300x, mi325x; the gpu-compile "
+    "extra) on the planned mesh (nodes of --gpus_per_node): its peak per device decides the verdict",
+)
 flags.DEFINE_enum(
     "remat",
     None,
@@ -168,14 +174,36 @@ def format_plan(r: dict) -> str:
             "",
             f"remat=auto: {tried} -> " + (f"needed: remat={ra['chosen']}" if ra["chosen"] else "nothing fits"),
         ]
+    gpu = r.get("gpu_compiled")
+    if gpu is not None:
+        lines += ["", *format_gpu_compiled(r)]
+    peak = mem.get("peak_gpu_compiled", mem["peak"])
+    which = "GPU-compiled peak" if "peak_gpu_compiled" in mem else "peak"
     verdict = (
         f"VERDICT: fits {mem['capacity'] / GB:.0f} GB per {r['projection']['hardware']} "
-        f"(peak {mem['peak'] / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
+        f"({which} {peak / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
         if r["fits"]
         else f"VERDICT: does NOT fit with remat={s['remat']} "
-        f"(peak {mem['peak'] / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)"
+        f"({which} {peak / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)"
+        + (" or the GPU compile failed" if gpu is not None and not gpu["ok"] else "")
     )
     return "\n".join(lines + ["", verdict] + summary_lines(r))
+
+
+def format_gpu_compiled(r: dict) -> list[str]:
+    """The GPU compiler's peak per device beside the planner's estimates (`--target`)."""
+    g, mem = r["gpu_compiled"], r["memory"]
+    head = f"GPU-compiled for {g['target']} (topology {g['topology']}"
+    if not g["ok"]:
+        return [f"{head}): {g['error']}", "  the verdict below cannot use a compiled peak: the compile failed"]
+    m = g["memory"]
+    return [
+        f"{head}, lower {g['lower_s']:.1f} s + compile {g['compile_s']:.1f} s): peak {m['peak'] / GB:.2f} GB per "
+        f"device (arguments {m['argument'] / GB:.2f}, temporaries {m['temp'] / GB:.2f}) vs estimate "
+        f"{mem['peak_without_cpu_copies'] / GB:.2f} GB on a bf16 accelerator (XLA:CPU {mem['peak'] / GB:.2f} GB)",
+        f"  {g['line']}",
+        "  the verdict uses the compiled peak",
+    ]
 
 
 def summary_lines(r: dict) -> list[str]:
@@ -266,8 +294,54 @@ def _cluster():
         cli.fail("plan", str(err))
 
 
+def _gpu_target():
+    """The `--target` GPU (None without the flag); one line, exit 78, when unknown or its extra is missing."""
+    if not FLAGS.target:
+        return None
+    from zaya_jax.planning import gpu_target
+
+    try:
+        target = gpu_target.get_target(FLAGS.target)
+    except ConfigError as err:
+        cli.fail("plan", f"--target: {err}")
+    reason = gpu_target.missing_extra(target.platform)
+    if reason:
+        cli.fail("plan", f"--target={FLAGS.target}: {reason}")
+    if FLAGS.sweep or FLAGS.compile_scaling:
+        cli.fail("plan", "--target compiles one planned step: leave out --sweep / --compile_scaling")
+    if not FLAGS["hardware"].present:
+        FLAGS.hardware = target.hardware  # the estimate and the projection for the same device
+    return target
+
+
+def gpu_compiled(cfg, result: dict, target) -> None:
+    """Compile the planned step (with the remat the plan chose) for `target` in a child process
+    (`launch.gpu_compile_job`); result["gpu_compiled"] gets its figures and result["fits"] its verdict."""
+    import copy
+    import tempfile
+
+    from launch.gpu_compile_job import run_in_child
+
+    n, per_node = result["setup"]["devices"], FLAGS.gpus_per_node
+    if n > per_node and n % per_node:
+        cli.fail("plan", f"--target: {n} devices do not fill nodes of --gpus_per_node={per_node}")
+    nodes, gpus = (1, n) if n <= per_node else (n // per_node, per_node)
+    planned = copy.deepcopy(cfg)
+    with planned.unlocked():
+        planned.model.remat = result["setup"]["remat"]
+    with tempfile.TemporaryDirectory(prefix="plan_gpu_") as work:
+        compiled = run_in_child(planned, target, nodes, gpus, work)
+    result["gpu_compiled"] = compiled
+    if compiled["ok"]:
+        result["memory"]["peak_gpu_compiled"] = compiled["memory"]["peak"]
+        result["fits"] = compiled["memory"]["peak"] <= result["memory"]["usable"]
+    else:
+        result["fits"] = False
+
+
 def main(argv):
     del argv
+    target = _gpu_target()
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
@@ -318,6 +392,8 @@ def main(argv):
         )
         result = plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else plan(cfg, **kwargs)
         result["notes"] = notes
+        if target is not None:
+            gpu_compiled(cfg, result, target)
         print(format_plan(result))
     if FLAGS.out:
         with open(FLAGS.out, "w", encoding="utf-8") as f:
