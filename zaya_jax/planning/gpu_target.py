@@ -195,8 +195,8 @@ def topology_for(mesh: dict[str, int], nodes: int | None = None, gpus_per_node: 
 def batch_per_shard(config, mesh: dict[str, int], num_devices: int) -> int:
     """Sequences per batch shard (data × expert) per micro-batch that keep `config`'s global batch on `mesh`
     over `num_devices` (at least 1: a batch smaller than the mesh gets one sequence per shard)."""
-    from zaya_jax.parallel.mesh import BATCH_AXES, resolve_mesh_shape
+    from zaya_jax.parallel.mesh import AXES, BATCH_AXES, resolve_mesh_shape
 
-    sizes = resolve_mesh_shape(ml_collections.ConfigDict(dict(mesh)), num_devices)
+    sizes = resolve_mesh_shape(ml_collections.ConfigDict({a: int(mesh.get(a, 1)) for a in AXES}), num_devices)
     shards = sizes[BATCH_AXES[0]] * sizes[BATCH_AXES[1]] * int(config.train.microbatches)
     return max(int(config.train.global_batch_size) // shards, 1)
