@@ -136,6 +136,15 @@ def test_compile_usage_errors(tmp_path):
         assert proc.returncode == 78 and "gpu-compile" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_plan_target_usage_error():
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.plan", "--config=experiments/zaya1_tiny.py", "--target=a100"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "--target: unknown GPU target 'a100'" in proc.stderr
+
+
 # ------------------------------------------------------------------- the real GPU compiler (the extra)
 def _needs_extra(platform: str):
     reason = gpu_target.missing_extra(platform)
