@@ -58,6 +58,7 @@ flags.DEFINE_integer(
     lower_bound=1,
 )
 flags.DEFINE_integer("seq_len", None, "--compile: sequence length (default: the config's)", lower_bound=1)
+flags.DEFINE_list("xla_flags", [], "--compile: XLA flags added after the platform's env.sh ones, e.g. --xla_gpu_x=y")
 flags.DEFINE_string("job", None, "internal: run one gpu_check job in this process (zaya_jax.bench.gpu_check.jobs)")
 flags.DEFINE_string("job_spec", "{}", "internal: the job's JSON spec")
 flags.DEFINE_string("job_out", None, "internal: where the job writes its JSON result")
@@ -152,7 +153,7 @@ def compile_targets(targets: list[str], out_dir: str | None) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu_compile_") as scratch:
         work = make_out_dir(out_dir) if out_dir else scratch
         for target in chosen:
-            results.append(run_in_child(cfg, target, nodes, gpus, work))
+            results.append(run_in_child(cfg, target, nodes, gpus, work, tuple(FLAGS.xla_flags)))
             print(results[-1]["line"], flush=True)
     if out_dir:
         setup = dict(nodes=nodes, gpus_per_node=gpus, seq_len=cfg.train.seq_len)

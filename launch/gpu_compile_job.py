@@ -21,15 +21,17 @@ import time
 import ml_collections
 
 
-def run_in_child(config: ml_collections.ConfigDict, target, nodes: int, gpus: int, work: str) -> dict:
-    """Compile `config` for `target` (`gpu_target.GpuTarget`) on nodes × gpus in a child process; its result dict,
-    or a failed one with the child's last fatal line."""
+def run_in_child(
+    config: ml_collections.ConfigDict, target, nodes: int, gpus: int, work: str, extra_flags: tuple[str, ...] = ()
+) -> dict:
+    """Compile `config` for `target` (`gpu_target.GpuTarget`) on nodes × gpus in a child process (XLA flags: the
+    platform's, then `extra_flags`); its result dict, or a failed one with the child's last fatal line."""
     from zaya_jax.planning import gpu_target
 
     spec = os.path.join(work, f"{target.name}.spec.json")
     with open(spec, "w", encoding="utf-8") as f:
         json.dump(dict(target=target.name, config=config.to_dict(), nodes=nodes, gpus=gpus), f, default=list)
-    env = dict(os.environ, XLA_FLAGS=gpu_target.env_xla_flags(target.platform), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=gpu_target.env_xla_flags(target.platform, tuple(extra_flags)), JAX_PLATFORMS="cpu")
     t0 = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "launch.gpu_compile_job", spec, work], env=env, capture_output=True, text=True
