@@ -176,6 +176,8 @@ def format_plan(r: dict) -> str:
         ]
     gpu = r.get("gpu_compiled")
     if gpu is not None:
+        from launch.plan_gpu import format_gpu_compiled
+
         lines += ["", *format_gpu_compiled(r)]
     peak = mem.get("peak_gpu_compiled", mem["peak"])
     which = "GPU-compiled peak" if "peak_gpu_compiled" in mem else "peak"
@@ -188,22 +190,6 @@ def format_plan(r: dict) -> str:
         + (" or the GPU compile failed" if gpu is not None and not gpu["ok"] else "")
     )
     return "\n".join(lines + ["", verdict] + summary_lines(r))
-
-
-def format_gpu_compiled(r: dict) -> list[str]:
-    """The GPU compiler's peak per device beside the planner's estimates (`--target`)."""
-    g, mem = r["gpu_compiled"], r["memory"]
-    head = f"GPU-compiled for {g['target']} (topology {g['topology']}"
-    if not g["ok"]:
-        return [f"{head}): {g['error']}", "  the verdict below cannot use a compiled peak: the compile failed"]
-    m = g["memory"]
-    return [
-        f"{head}, lower {g['lower_s']:.1f} s + compile {g['compile_s']:.1f} s): peak {m['peak'] / GB:.2f} GB per "
-        f"device (arguments {m['argument'] / GB:.2f}, temporaries {m['temp'] / GB:.2f}) vs estimate "
-        f"{mem['peak_without_cpu_copies'] / GB:.2f} GB on a bf16 accelerator (XLA:CPU {mem['peak'] / GB:.2f} GB)",
-        f"  {g['line']}",
-        "  the verdict uses the compiled peak",
-    ]
 
 
 def summary_lines(r: dict) -> list[str]:
@@ -314,31 +300,6 @@ def _gpu_target():
     return target
 
 
-def gpu_compiled(cfg, result: dict, target) -> None:
-    """Compile the planned step (with the remat the plan chose) for `target` in a child process
-    (`launch.gpu_compile_job`); result["gpu_compiled"] gets its figures and result["fits"] its verdict."""
-    import copy
-    import tempfile
-
-    from launch.gpu_compile_job import run_in_child
-
-    n, per_node = result["setup"]["devices"], FLAGS.gpus_per_node
-    if n > per_node and n % per_node:
-        cli.fail("plan", f"--target: {n} devices do not fill nodes of --gpus_per_node={per_node}")
-    nodes, gpus = (1, n) if n <= per_node else (n // per_node, per_node)
-    planned = copy.deepcopy(cfg)
-    with planned.unlocked():
-        planned.model.remat = result["setup"]["remat"]
-    with tempfile.TemporaryDirectory(prefix="plan_gpu_") as work:
-        compiled = run_in_child(planned, target, nodes, gpus, work)
-    result["gpu_compiled"] = compiled
-    if compiled["ok"]:
-        result["memory"]["peak_gpu_compiled"] = compiled["memory"]["peak"]
-        result["fits"] = compiled["memory"]["peak"] <= result["memory"]["usable"]
-    else:
-        result["fits"] = False
-
-
 def main(argv):
     del argv
     target = _gpu_target()
@@ -393,7 +354,12 @@ def main(argv):
         result = plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else plan(cfg, **kwargs)
         result["notes"] = notes
         if target is not None:
-            gpu_compiled(cfg, result, target)
+            from launch.plan_gpu import gpu_compiled
+
+            try:
+                gpu_compiled(cfg, result, target, FLAGS.gpus_per_node)
+            except ValueError as err:
+                cli.fail("plan", str(err))
         print(format_plan(result))
     if FLAGS.out:
         with open(FLAGS.out, "w", encoding="utf-8") as f:
