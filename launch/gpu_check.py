@@ -195,6 +195,11 @@ def main(argv: list[str]) -> None:
     if unknown or not configs:
         cli.fail(PROG, f"--configs={','.join(configs)}: choose one or more of {', '.join(FILL_CONFIGS)}")
     cpu_devices.emulate(1, explicit=False)
+    cli.compilation_cache("none")  # compile times are measured: no persistent-cache hits
+    # This process only runs the small sections on the device; the train-step cases run in processes of their own
+    # (zaya_jax/bench/gpu_check/__init__.py) and get the device memory as the user configured it.
+    child_env = (("XLA_PYTHON_CLIENT_PREALLOCATE", os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true")),)
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # before the backend starts (`_has_gpu` starts it)
     if not FLAGS.smoke and not _has_gpu():  # the full check sizes its cases for one GPU's memory
         cli.fail(
             PROG,
@@ -202,11 +207,6 @@ def main(argv: list[str]) -> None:
             "--lower=rocm,cuda or --compile=h100,mi300x",
         )
     make_out_dir(out_dir)
-    cli.compilation_cache("none")  # compile times are measured: no persistent-cache hits
-    # This process only runs the small sections on the device; the train-step cases run in processes of their own
-    # (zaya_jax/bench/gpu_check/__init__.py) and get the device memory as the user configured it.
-    child_env = (("XLA_PYTHON_CLIENT_PREALLOCATE", os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true")),)
-    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # before the backend starts
 
     from zaya_jax.bench.gpu_check import Options, run
 
