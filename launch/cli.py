@@ -224,10 +224,16 @@ def _show_warning(prog: str, previous: Callable):
 
 
 class _NoTpuProbe(logging.Filter):
-    """Drops jax's INFO line about the TPU runtime it looks for on every start (this project never uses one)."""
+    """Drops jax's INFO line about the TPU runtime it looks for on every start (this project never uses one), and
+    the ROCm plugin's traceback on a host without an AMD GPU (the `gpu-compile` extra installs that plugin
+    everywhere; `zaya_jax.planning.rocm_standins` registers it for compile-only work)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Unable to initialize backend") or "'tpu'" not in record.getMessage()
+        message = str(record.msg)
+        if message.startswith("Jax plugin configuration error") and "xla_rocm" in record.getMessage():
+            error = record.exc_info[1] if record.exc_info else None
+            return "No AMD GPUs were found" not in str(error)
+        return not message.startswith("Unable to initialize backend") or "'tpu'" not in record.getMessage()
 
 
 def compilation_cache(configured: str = "", default: str = USER_CACHE) -> str | None:

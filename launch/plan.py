@@ -53,6 +53,12 @@ flags.DEFINE_integer("seq_len", None, "sequence length (default: config.train.se
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
 flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.planning.sizing.HARDWARE)")
+flags.DEFINE_string(
+    "target",
+    None,
+    "also compile the planned step with the GPU compiler for this GPU (h100, h200, mi300x, mi325x; the gpu-compile "
+    "extra) on the planned mesh (nodes of --gpus_per_node): its peak per device decides the verdict",
+)
 flags.DEFINE_enum(
     "remat",
     None,
@@ -168,12 +174,20 @@ def format_plan(r: dict) -> str:
             "",
             f"remat=auto: {tried} -> " + (f"needed: remat={ra['chosen']}" if ra["chosen"] else "nothing fits"),
         ]
+    gpu = r.get("gpu_compiled")
+    if gpu is not None:
+        from launch.plan_gpu import format_gpu_compiled
+
+        lines += ["", *format_gpu_compiled(r)]
+    peak = mem.get("peak_gpu_compiled", mem["peak"])
+    which = "GPU-compiled peak" if "peak_gpu_compiled" in mem else "peak"
     verdict = (
         f"VERDICT: fits {mem['capacity'] / GB:.0f} GB per {r['projection']['hardware']} "
-        f"(peak {mem['peak'] / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
+        f"({which} {peak / GB:.1f} GB <= {mem['usable'] / GB:.1f} GB usable) with remat={s['remat']}"
         if r["fits"]
         else f"VERDICT: does NOT fit with remat={s['remat']} "
-        f"(peak {mem['peak'] / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)"
+        f"({which} {peak / GB:.1f} GB > {mem['usable'] / GB:.1f} GB usable)"
+        + (" or the GPU compile failed" if gpu is not None and not gpu["ok"] else "")
     )
     return "\n".join(lines + ["", verdict] + summary_lines(r))
 
@@ -275,10 +289,31 @@ def _check_out_file(path: str) -> None:
         cli.fail("plan", f"--out={path}: {parent} is not a writable directory")
 
 
+def _gpu_target():
+    """The `--target` GPU (None without the flag); one line, exit 78, when unknown or its extra is missing."""
+    if not FLAGS.target:
+        return None
+    from zaya_jax.planning import gpu_target
+
+    try:
+        target = gpu_target.get_target(FLAGS.target)
+    except ConfigError as err:
+        cli.fail("plan", f"--target: {err}")
+    reason = gpu_target.missing_extra(target.platform)
+    if reason:
+        cli.fail("plan", f"--target={FLAGS.target}: {reason}")
+    if FLAGS.sweep or FLAGS.compile_scaling:
+        cli.fail("plan", "--target compiles one planned step: leave out --sweep / --compile_scaling")
+    if not FLAGS["hardware"].present:
+        FLAGS.hardware = target.hardware  # the estimate and the projection for the same device
+    return target
+
+
 def main(argv):
     del argv
     if FLAGS.out and not FLAGS.sweep:
         _check_out_file(FLAGS.out)
+    target = _gpu_target()
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
@@ -329,6 +364,13 @@ def main(argv):
         )
         result = plan_auto_remat(cfg, **kwargs) if FLAGS.remat == "auto" else plan(cfg, **kwargs)
         result["notes"] = notes
+        if target is not None:
+            from launch.plan_gpu import gpu_compiled
+
+            try:
+                gpu_compiled(cfg, result, target, FLAGS.gpus_per_node)
+            except ValueError as err:
+                cli.fail("plan", str(err))
         print(format_plan(result))
     if FLAGS.out:
         with open(FLAGS.out, "w", encoding="utf-8") as f:

@@ -31,6 +31,9 @@ _zaya_xla_flags=(
   --xla_gpu_enable_pipelined_all_reduce=true
   --xla_gpu_enable_while_loop_double_buffering=true
 )
+# jax >= 0.12 on several nodes: add --xla_gpu_experimental_use_collective_kernels= (NCCL for every collective) to
+# XLA_FLAGS; XLA 0.12 aborts compiling its Triton kernel for the step's scalar all-reduce at 8 x 8 H100, and
+# XLA 0.10.2 does not know the flag (docs/planner.md, "The data:64 H100 abort").
 export XLA_FLAGS="${XLA_FLAGS:-} ${_zaya_xla_flags[*]}"
 unset _zaya_xla_flags
 # Quiet C++ logs [B].

@@ -62,7 +62,8 @@ class Kernels:
 
     def grouped_swiglu(self, x: jax.Array, choice: jax.Array, gate: jax.Array, experts: ExpertWeights) -> jax.Array:
         """Dropless top-1 expert SwiGLU of one device's tokens: x [T, H] → g · expert(x) [T, H] fp32."""
-        return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts)
+        with jax.named_scope("experts"):  # names the expert GEMMs in compiled HLO (zaya_jax.planning.gpu_program)
+            return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts)
 
     @property
     def collectives_as_bits(self) -> bool:
@@ -78,9 +79,10 @@ class Kernels:
         """Grouped-query causal attention: q [B, Sq, n_q, d], k/v [B, Sk, n_kv, d] → [B, Sq, n_q, d] in `dtype`.
         A fused kernel runs the plain full-sequence case; blocks at a traced offset (context parallel) or
         fewer queries than keys run the `xla` einsums."""
-        if self.attention != "xla" and isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]:
-            return attention_kernels.fused_causal_attention(q, k, v, dtype, self.attention)
-        return attention_kernels.causal_attention(q, k, v, dtype, q_offset, chunk, self.matmul)
+        with jax.named_scope("attention"):  # names the ops in compiled HLO (zaya_jax.planning.gpu_program)
+            if self.attention != "xla" and isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]:
+                return attention_kernels.fused_causal_attention(q, k, v, dtype, self.attention)
+            return attention_kernels.causal_attention(q, k, v, dtype, q_offset, chunk, self.matmul)
 
 
 def current_platform() -> str:

@@ -32,9 +32,10 @@ def swiglu(x: jax.Array, w_in: jax.Array, w_out: jax.Array, kernels: Kernels) ->
     x: [E, C, H], w_in: [E, H, 2I] (gate | up), w_out: [E, I, H] → [E, C, H] fp32.
     """
     dt = x.dtype
-    gate_up = kernels.einsum("ech,ehf->ecf", x, w_in, dt)
-    gate, up = jnp.split(gate_up, 2, axis=-1)
-    return kernels.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out, dt)
+    with jax.named_scope("experts"):  # names the expert GEMMs in compiled HLO (zaya_jax.planning.gpu_program)
+        gate_up = kernels.einsum("ech,ehf->ecf", x, w_in, dt)
+        gate, up = jnp.split(gate_up, 2, axis=-1)
+        return kernels.einsum("eci,eih->ech", jax.nn.silu(gate) * up, w_out, dt)
 
 
 def gated(y: jax.Array, choice: jax.Array, gate: jax.Array, num_experts: int) -> jax.Array:

@@ -83,8 +83,10 @@ def make_mesh(config: ml_collections.ConfigDict, devices: list | None = None) ->
     axis_types = (AxisType.Auto,) * len(AXES)
     if len({d.process_index for d in devices}) > 1:
         return Mesh(hybrid_device_grid(sizes, devices), AXES, axis_types=axis_types)
-    if len(devices) == len(jax.devices()):
+    if devices == list(jax.devices()):  # all of this process's devices: jax orders them by the physical topology
         return jax.make_mesh(shape, AXES, axis_types=axis_types)
+    # any other list (a subset, or another backend's devices, e.g. a GPU topology compiled for from a CPU host)
+    # is laid out in the order given
     return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=axis_types)
 
 

@@ -9,8 +9,8 @@ bytes, and the collectives of the branch with the most wire bytes) — not the s
 `lax.switch` over slot types inside a `lax.scan` costs trip count × its largest branch. Everything is
 **per device** (the SPMD-partitioned program one device runs).
 
-* `dot_flops`: 2 · |result| · |contracted dims| for every `dot` (and a `convolution` estimate), weighted
-  by the execution count. Elementwise work is not counted (it is < 1% for transformer-sized GEMMs).
+* `dot_flops`: 2 · |result| · |contracted dims| for every `dot` and GPU GEMM library call (and a `convolution`
+  estimate), weighted by the execution count. Elementwise work is not counted (it is < 1% for transformer-sized GEMMs).
 * collectives: operand bytes of every all-reduce / all-gather / reduce-scatter / all-to-all /
   collective-permute (async `-start` forms included; a bf16 collective that XLA:CPU widened to f32 with
   converts around it counts in bf16, as an accelerator sends it), weighted by the execution count, with the device
@@ -113,12 +113,22 @@ def _callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int
     return out + [(c, 1) for c in _branches(instr)]
 
 
+_GEMM_CALL = re.compile(r'custom_call_target="__cublas\$(?!lt\$groupedMatmul)[^"]*"')  # cuBLAS / hipBLASLt
+
+
+def is_gemm_call(instr: Instr) -> bool:
+    """A GPU GEMM library call (`__cublas$gemm`, `__cublas$lt$matmul`; hipBLASLt on ROCm uses the same names).
+    Its result is a tuple (product, s8 workspace)."""
+    return instr.opcode == "custom-call" and _GEMM_CALL.search(instr.attrs) is not None
+
+
 def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
     out = math.prod(shape_dims(instr.shape))
-    if instr.opcode == "dot":
+    if instr.opcode in ("dot", "custom-call"):
         lhs = shape_dims(shapes.get(instr.operands[0], "")) if instr.operands else []
         m = re.search(r"lhs_contracting_dims=\{([0-9,]*)\}", instr.attrs)
-        dims = [int(d) for d in m.group(1).split(",") if d] if m else []
+        m = m or re.search(r'"lhs_contracting_dimensions":\[([0-9",]*)\]', instr.attrs)
+        dims = [int(d) for d in m.group(1).replace('"', "").split(",") if d] if m else []
         return 2.0 * out * math.prod(lhs[d] for d in dims if d < len(lhs))
     # convolution: 2 · |out| · |kernel| / out_features
     kernel = shape_dims(shapes.get(instr.operands[1], "")) if len(instr.operands) > 1 else []
@@ -190,7 +200,14 @@ def _traffic(instr: Instr, shapes: dict[str, str], comps: dict[str, list[Instr]]
     callee = re.search(r"calls=%?([\w.\-]+)", instr.attrs)
     if op == "fusion" and callee and callee.group(1) in comps:
         return _fusion_traffic(instr, shapes, comps[callee.group(1)])
+    if is_gemm_call(instr):  # the product, not the library's scratch workspace
+        return shape_bytes(_first_array(instr.shape)) + sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
     return shape_bytes(instr.shape) + sum(shape_bytes(shapes.get(o, "")) for o in instr.operands)
+
+
+def _first_array(shape: str) -> str:
+    m = re.search(r"[a-z]+[0-9]*\[[0-9,]*\]", shape)
+    return m.group(0) if m else ""
 
 
 def autodiff_tag(op_name: str) -> str:
@@ -291,7 +308,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         shapes = {i.name: i.shape for i in comps[name]}
         by_name = {i.name: i for i in comps[name]}
         for instr in comps[name]:
-            if instr.opcode in ("dot", "convolution"):
+            if instr.opcode in ("dot", "convolution") or is_gemm_call(instr):
                 f = _dot_flops(instr, shapes)
                 cost.flops, cost.flops_once = cost.flops + f, cost.flops_once + f
                 cost.by_tag[classify(_op_name(instr) or caller_op.get(name, ""))] += f

@@ -1,0 +1,188 @@
+"""Compiling the step for a GPU without one (`zaya_jax.planning.gpu_compile`, `launch.gpu_check --compile`).
+
+Every leg: the targets' data and flags, the scheduled-HLO reading on a hand-written module, the mesh over a
+device list of another backend, and `launch.gpu_check`'s refusals (a file as --out, the full check without a GPU).
+Tests marked `gpu_compile` run XLA's real GPU compiler (the `gpu-compile` extra, Python >= 3.12) for h100 and
+mi300x; without the extra they skip and say why.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from zaya_jax.config import ConfigError, load_config
+from zaya_jax.parallel.mesh import make_mesh
+from zaya_jax.planning import gpu_program, gpu_target, hlo_stats
+from zaya_jax.planning.abstract_step import planning_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=REPO)
+
+
+def test_mesh_keeps_the_device_list_it_is_given():
+    """A list as long as jax.devices() but in another order (as a GPU topology's devices are) is not replaced."""
+    config = load_config("experiments/zaya1.py:tiny")
+    with config.unlocked():
+        config.mesh.data, config.mesh.expert = 2, 4
+    devices = list(reversed(jax.devices()))
+    assert len(devices) == 8
+    mesh = make_mesh(config, devices)
+    assert [d.id for d in mesh.devices.reshape(-1)] == [d.id for d in devices]
+
+
+def test_targets_flags_and_topologies():
+    for name, target in gpu_target.TARGETS.items():
+        text = open(target.config_file, encoding="utf-8").read()
+        assert "device_memory_size" in text and target.platform.upper() in text, name
+    env_lines = [line.strip() for line in open(os.path.join(REPO, "launch/rocm/env.sh")) if line.startswith("  --xla")]
+    assert gpu_target.xla_flags("rocm") == tuple(env_lines)
+    options = gpu_target.compiler_options("rocm", ("--xla_gpu_enable_triton_gemm=true",))
+    assert options["xla_gpu_autotune_level"] == 4 and options["xla_gpu_enable_triton_gemm"] is True
+    assert options["xla_gpu_enable_command_buffer"] == ""
+    assert gpu_target.topology_for({"data": 1}, None) == (1, 1)
+    assert gpu_target.topology_for({"data": 64}, None) == (8, 8)
+    assert gpu_target.topology_for({"data": -1}, 128) == (128, 8)
+    with pytest.raises(ConfigError, match="choose from h100, h200, mi300x, mi325x"):
+        gpu_target.get_target("a100")
+    with pytest.raises(ConfigError, match="not a multiple of 8"):
+        gpu_target.topology_for({"data": 12}, None)
+
+
+SCHEDULED = """HloModule step, is_scheduled=true
+
+%gemm_body (p0: bf16[8,16], p1: bf16[16,4]) -> f32[8,4] {
+  %p0 = bf16[8,16]{1,0} parameter(0)
+  %p1 = bf16[16,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(step)/jvp(experts)/dot_general"}
+}
+
+%add_body (q0: f32[8,4]) -> f32[8,4] {
+  %q0 = f32[8,4]{1,0} parameter(0)
+  ROOT %add.1 = f32[8,4]{1,0} add(%q0, %q0)
+}
+
+%score_body (r0: f32[2,64,64]) -> f32[2,64,64] {
+  %r0 = f32[2,64,64]{2,1,0} parameter(0)
+  ROOT %exp.1 = f32[2,64,64]{2,1,0} exponential(%r0), metadata={op_name="jit(step)/transpose(jvp(attention))/exp"}
+}
+
+ENTRY %main (a: bf16[8,16], b: bf16[16,4], g: f32[64], s: f32[2,64,64], x: f32[64,32], y: f32[32,64]) -> f32[8,4] {
+  %a = bf16[8,16]{1,0} parameter(0)
+  %b = bf16[16,4]{1,0} parameter(1)
+  %g = f32[64]{0} parameter(2)
+  %s = f32[2,64,64]{2,1,0} parameter(3)
+  %x = f32[64,32]{1,0} parameter(4)
+  %y = f32[32,64]{1,0} parameter(5)
+  %all-gather-start = (f32[64]{0}, f32[512]{0}) all-gather-start(%g), replica_groups={{0,1,2,3,4,5,6,7}}, dimensions={0}
+  %gemm = f32[8,4]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_body
+  %sum = f32[8,4]{1,0} fusion(%gemm), kind=kLoop, calls=%add_body
+  %all-gather-done = f32[512]{0} all-gather-done(%all-gather-start)
+  %all-reduce-start = f32[64]{0} all-reduce-start(%g), replica_groups={}, backend_config={"collective_backend_config":{"is_sync":true}}
+  %all-reduce-done = f32[64]{0} all-reduce-done(%all-reduce-start)
+  %scores = f32[2,64,64]{2,1,0} fusion(%s), kind=kLoop, calls=%score_body
+  %hidden = f32[2,64,64]{2,1,0} add(%s, %s)
+  %mm = (f32[64,64]{1,0}, s8[1024]{0}) custom-call(%x, %y), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %out = f32[8,4]{1,0} copy(%sum)
+}
+"""  # noqa: E501 - XLA's own line format
+
+
+def test_scheduled_hlo_reading():
+    program = gpu_program.analyze_program(SCHEDULED, seq_len=64)
+    gather, reduce = program.collectives
+    assert (gather.kind, gather.sync, gather.gemms_between, gather.fusions_between) == ("all-gather", False, 1, 1)
+    assert (reduce.kind, reduce.sync) == ("all-reduce", True)
+    assert program.square_buffers == ["scores f32[2,64,64]"]  # `hidden` has the shape but is no attention op
+    assert program.expert_gemms == {"dense dot": 1} and program.attention == "xla"
+    assert program.fusions == 3 and program.custom_calls == {"__cublas$lt$matmul": 1}
+    stats = hlo_stats.analyze(SCHEDULED, 8)
+    assert stats.dot_flops == 2 * 8 * 4 * 16 + 2 * 64 * 64 * 32  # the dot and the GEMM library call
+
+
+def _gpu_check(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "launch.gpu_check", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def test_gpu_check_refuses_a_file_as_out_before_any_work(tmp_path):
+    existing = tmp_path / "report.md"
+    existing.write_text("keep me")
+    proc = _gpu_check(f"--out={existing}", "--smoke")  # before the smoke run's 90 s of work
+    assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "is an existing file" in proc.stderr and existing.read_text() == "keep me"
+
+
+def test_full_gpu_check_refuses_a_host_without_a_gpu(tmp_path):
+    out = tmp_path / "new" / "report"
+    proc = _gpu_check(f"--out={out}")
+    assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "no GPU on this host" in proc.stderr
+    assert not (tmp_path / "new").exists()  # a refused command leaves the folders as they were
+
+
+def test_compile_usage_errors(tmp_path):
+    proc = _gpu_check("--compile=a100", f"--out={tmp_path / 'r'}")
+    assert proc.returncode == 78 and "choose from h100" in proc.stderr and not (tmp_path / "r").exists()
+    if gpu_target.missing_extra("cuda"):
+        proc = _gpu_check("--compile=h100")
+        assert proc.returncode == 78 and "gpu-compile" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_plan_target_usage_error():
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch.plan", "--config=experiments/zaya1_tiny.py", "--target=a100"],
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "--target: unknown GPU target 'a100'" in proc.stderr
+
+
+# ------------------------------------------------------------------- the real GPU compiler (the extra)
+def _needs_extra(platform: str):
+    reason = gpu_target.missing_extra(platform)
+    if reason:
+        pytest.skip(reason)
+
+
+def _compile(variant: str, mesh: dict, target: str):
+    from zaya_jax.planning import gpu_compile
+
+    config = load_config(f"experiments/zaya1.py:{variant}")
+    n = mesh.get("data", 1) * mesh.get("expert", 1)
+    cfg, _ = planning_config(
+        config, mesh=mesh, batch_per_device=gpu_target.batch_per_shard(config, mesh, n), dispatch=None, num_devices=n
+    )
+    result = gpu_compile.compile_step(cfg, target)
+    assert result.ok, result.error
+    assert result.fits, result.line()
+    assert re.match(rf"compiled for {target}: ok \(peak [\d.]+ GB of [\d.]+ GB; expert FLOPs", result.line())
+    return result
+
+
+@pytest.mark.gpu_compile
+@pytest.mark.parametrize("target", ["h100", "mi300x"])
+def test_tiny_zero1_expert_parallel_on_8_gpus(target):
+    _needs_extra(gpu_target.get_target(target).platform)
+    result = _compile("tiny", {"data": 2, "expert": 4}, target)
+    kinds = {c["kind"] for c in result.program["collectives"]}
+    assert {"reduce-scatter", "all-gather", "all-to-all"} <= kinds  # ZeRO-1 and the expert dispatch
+    assert result.program["expert_gemms"] and result.expert_flops_executed > 0
+
+
+@pytest.mark.gpu_compile
+@pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "xla")])
+def test_1b_on_one_gpu(target, attention):
+    _needs_extra(gpu_target.get_target(target).platform)
+    result = _compile("1b", {"data": 1}, target)
+    assert result.program["attention"] == attention
+    if attention == "cudnn":
+        assert result.program["square_buffers"] == []  # the fused kernel keeps no [.., S, S] scores
+    assert result.memory["argument"] > 1e9 and result.expert_ratio >= 1.0

@@ -1,0 +1,202 @@
+"""GPU targets to compile for without the GPU (deviceless AOT, docs/planner.md "Compiling for a GPU without one").
+
+A target is a device description XLA's GPU compiler reads instead of querying a device (a `GpuTargetConfigProto`
+as text, kept in `zaya_jax/planning/gpu_targets/<name>.txtpb` with the facts it encodes and their source), the
+platform's XLA flags (the `_zaya_xla_flags` of `launch/<platform>/env.sh`, the one place they are set for a real
+run too), and the planner's `sizing.Hardware` of the device (HBM capacity, peaks). `topology_devices` makes the
+compile-only devices of `nodes` × `gpus_per_node` such GPUs (`jax.experimental.topologies.get_topology_desc`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import os
+import re
+
+import ml_collections
+
+from zaya_jax.config import ConfigError
+from zaya_jax.planning import sizing
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuTarget:
+    name: str  # h100 | h200 | mi300x | mi325x
+    platform: str  # cuda | rocm (jax's platform name, and launch/<platform>/env.sh)
+    hardware: str  # key of sizing.HARDWARE
+
+    @property
+    def config_file(self) -> str:
+        return os.path.join(_HERE, "gpu_targets", f"{self.name}.txtpb")
+
+    @property
+    def hbm_bytes(self) -> float:
+        return sizing.get_hardware(self.hardware).memory_bytes
+
+
+TARGETS = {
+    t.name: t
+    for t in (
+        GpuTarget("h100", "cuda", "h100"),
+        GpuTarget("h200", "cuda", "h200"),
+        GpuTarget("mi300x", "rocm", "mi300x"),
+        GpuTarget("mi325x", "rocm", "mi325x"),
+    )
+}
+
+
+def get_target(name: str) -> GpuTarget:
+    """The named target; raises a one-line ConfigError for an unknown name."""
+    key = str(name).strip().lower()
+    if key not in TARGETS:
+        raise ConfigError(f"unknown GPU target {name!r}; choose from {', '.join(TARGETS)}")
+    return TARGETS[key]
+
+
+def missing_extra(platform: str) -> str | None:
+    """Why this environment cannot compile for `platform` (None: it can): the `gpu-compile` extra's packages."""
+    package = {"cuda": "jax_plugins.xla_cuda12", "rocm": "jax_plugins.xla_rocm7"}[platform]
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except ModuleNotFoundError:
+        found = False
+    if not found:
+        return (
+            f"compiling for {platform} needs the `gpu-compile` extra (jax 0.12, Python >= 3.12): "
+            "pip install -e '.[gpu-compile]'"
+        )
+    return None
+
+
+def _cudnn_version() -> tuple[int, int, int] | None:
+    """The installed cuDNN's version (major, minor, patch), from its library."""
+    import ctypes
+    import glob
+
+    spec = importlib.util.find_spec("nvidia")
+    roots = list(spec.submodule_search_locations) if spec and spec.submodule_search_locations else []
+    for root in roots:
+        for path in sorted(glob.glob(os.path.join(root, "cudnn", "lib", "libcudnn.so*"))):
+            try:
+                version = int(ctypes.CDLL(path).cudnnGetVersion())
+            except (OSError, AttributeError):
+                continue
+            return version // 10000, version // 100 % 100, version % 100
+    return None
+
+
+def target_config(target: GpuTarget) -> str:
+    """The target's `GpuTargetConfigProto` text; for CUDA with `dnn_version_info` of the installed cuDNN."""
+    with open(target.config_file, encoding="utf-8") as f:
+        text = f.read()
+    if target.platform == "cuda" and "dnn_version_info" not in text:
+        version = _cudnn_version()
+        if version is not None:
+            text += "dnn_version_info {\n  major: %d\n  minor: %d\n  patch: %d\n}\n" % version
+    return text
+
+
+def env_file(platform: str) -> str:
+    """launch/<platform>/env.sh (next to the `launch` package, in a checkout and in an installed copy)."""
+    spec = importlib.util.find_spec("launch")
+    folder = list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else ""
+    path = os.path.join(folder, platform, "env.sh")
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: the {platform} environment file is missing (reinstall zaya_jax)")
+    return path
+
+
+@functools.cache
+def xla_flags(platform: str) -> tuple[str, ...]:
+    """The XLA flags launch/<platform>/env.sh sets (`--name=value`, in order)."""
+    with open(env_file(platform), encoding="utf-8") as f:
+        text = f.read()
+    block = re.search(r"^_zaya_xla_flags=\((.*?)^\)", text, flags=re.S | re.M)
+    if block is None:
+        raise ConfigError(f"{env_file(platform)}: no _zaya_xla_flags=( ... ) block")
+    lines = (line.split("#", 1)[0].strip() for line in block.group(1).splitlines())
+    return tuple(line for line in lines if line.startswith("--"))
+
+
+def compiler_options(platform: str, extra: tuple[str, ...] = ()) -> dict[str, bool | int | str]:
+    """The platform's flags (then `extra`, e.g. `--xla_gpu_...=false`) as `compile(compiler_options=...)`, less
+    those $XLA_FLAGS sets already (a process started with the platform's environment, as `launch.gpu_check`
+    starts one per target)."""
+    in_env = {f.split("=", 1)[0] for f in os.environ.get("XLA_FLAGS", "").split()}
+    out = {}
+    for flag in xla_flags(platform) + tuple(extra):
+        name, _, value = flag.partition("=")
+        if name not in in_env:
+            out[name[2:]] = _typed(value)
+    return out
+
+
+def _typed(value: str) -> bool | int | str:
+    """A flag's text as the typed value compile options take ('true' → True, '95' → 95)."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def env_xla_flags(platform: str, extra: tuple[str, ...] = ()) -> str:
+    """$XLA_FLAGS for a process that compiles for `platform` as a real run would (the platform's flags appended to
+    any set already, as env.sh does)."""
+    return " ".join([os.environ.get("XLA_FLAGS", ""), *xla_flags(platform), *extra]).strip()
+
+
+def topology_devices(target: GpuTarget, nodes: int = 1, gpus_per_node: int = 8) -> list:
+    """Compile-only devices of `nodes` × `gpus_per_node` GPUs of `target` (on any host; ROCm on a host without an
+    AMD GPU loads `rocm_standins`). Raises ConfigError when the `gpu-compile` extra is missing."""
+    import jax
+    from jax.experimental import topologies
+
+    reason = missing_extra(target.platform)
+    if reason:
+        raise ConfigError(reason)
+    if nodes < 1 or gpus_per_node < 1:
+        raise ConfigError(f"topology {nodes} x {gpus_per_node}: nodes and GPUs per node must be >= 1")
+    jax.devices()  # this process's own backend first: a plugin registered below is never its default
+    if target.platform == "rocm":
+        from zaya_jax.planning import rocm_standins
+
+        try:
+            rocm_standins.register_compile_only_plugin()
+        except rocm_standins.StandinError as err:
+            raise ConfigError(f"compiling for {target.name}: {err}") from err
+    topo = topologies.get_topology_desc(
+        platform=target.platform, target_config=target_config(target), topology=f"1x{nodes}x{gpus_per_node}"
+    )
+    return list(topo.devices)
+
+
+def topology_for(mesh: dict[str, int], nodes: int | None = None, gpus_per_node: int = 8) -> tuple[int, int]:
+    """(nodes, GPUs per node) for a mesh of axis sizes (one may be -1). With `nodes` the topology is nodes ×
+    gpus_per_node and a -1 axis fills it; without, it is the mesh's size (a -1 axis counts 1) on one node when
+    it fits in `gpus_per_node` GPUs, else on size / gpus_per_node full nodes."""
+    if nodes is not None:
+        return nodes, gpus_per_node
+    size = 1
+    for value in mesh.values():
+        size *= max(int(value), 1)
+    if size <= gpus_per_node:
+        return 1, size
+    if size % gpus_per_node:
+        raise ConfigError(
+            f"mesh {mesh} has {size} devices, not a multiple of {gpus_per_node} GPUs per node; "
+            "give --nodes (and --gpus_per_node) or a mesh that fills whole nodes"
+        )
+    return size // gpus_per_node, gpus_per_node
+
+
+def batch_per_shard(config, mesh: dict[str, int], num_devices: int) -> int:
+    """Sequences per batch shard (data × expert) per micro-batch that keep `config`'s global batch on `mesh`
+    over `num_devices` (at least 1: a batch smaller than the mesh gets one sequence per shard)."""
+    from zaya_jax.parallel.mesh import AXES, BATCH_AXES, resolve_mesh_shape
+
+    sizes = resolve_mesh_shape(ml_collections.ConfigDict({a: int(mesh.get(a, 1)) for a in AXES}), num_devices)
+    shards = sizes[BATCH_AXES[0]] * sizes[BATCH_AXES[1]] * int(config.train.microbatches)
+    return max(int(config.train.global_batch_size) // shards, 1)
