@@ -16,12 +16,12 @@ import sys
 import jax
 import pytest
 
+from tests.tools import REPO
 from zaya_jax.config import ConfigError, load_config
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning import gpu_program, gpu_target, hlo_stats
 from zaya_jax.planning.abstract_step import planning_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=REPO)
 
 
