@@ -135,8 +135,8 @@ def main(argv):
 
     from zaya_jax.checkpoint import make_checkpointer
     from zaya_jax.parallel.mesh import resolve_mesh_shape
-    from zaya_jax.train.loop import train
     from zaya_jax.train.health import balance_verdict
+    from zaya_jax.train.loop import train
     from zaya_jax.train.schedule import check_layout
 
     check_layout(config, resolve_mesh_shape(config.mesh, jax.device_count()), process_count=jax.process_count())

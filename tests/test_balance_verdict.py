@@ -17,8 +17,9 @@ from zaya_jax.train import health
 
 def rows_of(cvs: list[list[float]], dropped: list[list[float]] | None = None, every: int = 10) -> list[dict]:
     """Logged rows at steps every, 2·every, … with the given per-layer CVs (and dropped fractions)."""
+    dropped = dropped or [[0.0] * len(cvs[0])] * len(cvs)
     return [
-        {"step": every * (k + 1), "loss": 1.0, "load_cv": cv, "dropped_fraction": (dropped or [[0.0] * len(cv)] * len(cvs))[k]}
+        {"step": every * (k + 1), "loss": 1.0, "load_cv": cv, "dropped_fraction": dropped[k]}
         for k, cv in enumerate(cvs)
     ]
 

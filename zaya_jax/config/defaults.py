@@ -182,8 +182,8 @@ def train_config() -> ml_collections.ConfigDict:
 def balancing_config() -> ml_collections.ConfigDict:
     """Expert balancing (train/balancing.py, docs/balancing.md): PI control of the router biases on the relative
     load error; per-slot gains start at ki and adapt between ki_min and ki_max (× gain_up while an error keeps its
-    sign, × gain_down when it flips); gains in logit units (× 1/(E+1) on the probabilities); clipped integral; mean expert bias
-    fixed."""
+    sign, × gain_down when it flips); gains in logit units (× 1/(E+1) on the probabilities); clipped integral;
+    mean expert bias fixed."""
     return ml_collections.ConfigDict(
         dict(
             enabled=True,
