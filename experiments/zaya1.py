@@ -5,7 +5,7 @@
     --config=experiments/zaya1.py:100m        ~114M parameters: CPU benchmarks (the transformers comparison)
     --config=experiments/zaya1.py:h1024       hidden 1024, 4 layers: the CPU MFU benchmark
     --config=experiments/zaya1.py:1b          ZAYA1-base's layer x 5 (1.1B total, 161M active), bf16, seq 4096: one GPU
-    --config=experiments/zaya1.py:base        ZAYA1-base as released (8.3B total / 760M active), bf16, DP only
+    --config=experiments/zaya1.py:base        ZAYA1-base (8.84B, 1.29B active; paper: 8.3B / 760M sans embedding)
     --config=experiments/zaya1.py:phase1      the paper's three training phases of ZAYA1-base (below)
     --config=experiments/zaya1.py:phase2
     --config=experiments/zaya1.py:phase3

@@ -4,7 +4,9 @@
 
 Writes `<label>.csv` (step, layer, load_cv, dropped, ...), `<label>_expert_load.png`, `load_cv.png`,
 `dropped.png` (one panel per layer, one line per run) and `summary.json` (means over the last `--last`
-steps and the eval loss) under `--out`, and prints the summary.
+steps, the balance verdict and the eval loss) under `--out`, and prints the summary and one verdict line per run:
+the same window (last 50 steps by default) and threshold as the trainer's progress bar and summary
+(`zaya_jax.train.health.window_balance`).
 """
 
 import json
@@ -34,7 +36,11 @@ def main(argv):
         summary = report(runs, _OUT.value, last=_LAST.value, title=_TITLE.value)
     except (OSError, ValueError) as err:
         cli.fail("balance_report", str(err))
+    from zaya_jax.train import health
+
     print(json.dumps(summary, indent=2))
+    for label, run in summary.items():
+        print(f"{label}: {health.balance_verdict(run)}")
 
 
 if __name__ == "__main__":

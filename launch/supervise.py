@@ -393,6 +393,12 @@ class Supervisor:
                 else min(self.args.backoff * 2**no_progress, self.args.max_backoff)
             )
             self.events.write("restart", attempt=attempt + 1, reason=info["reason"], backoff_s=delay)
+            print(
+                f"supervise: the trainer stopped ({info['reason']}, last logged step {info['last_step']}); restart "
+                f"{self.stats['restarts'] + 1} of at most {self.args.max_restarts} in {delay:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
             self._sleep(delay)
             if self.stop_signal is not None:
                 break

@@ -135,6 +135,7 @@ def main(argv):
 
     from zaya_jax.checkpoint import make_checkpointer
     from zaya_jax.parallel.mesh import resolve_mesh_shape
+    from zaya_jax.train.health import balance_verdict
     from zaya_jax.train.loop import train
     from zaya_jax.train.schedule import check_layout
 
@@ -176,6 +177,8 @@ def main(argv):
                 f"held-out loss {summary['eval_loss']:.3f} nats/token vs unigram entropy "
                 f"{summary['unigram_entropy']:.3f} (a model of token frequencies alone)"
             )
+        if verdict := balance_verdict(summary.get("balance")):
+            print(verdict)
 
 
 if __name__ == "__main__":

@@ -56,10 +56,11 @@ def test_sign_rule_equals_deepseek_update(skip_controlled, target_skip):
 
 def test_adaptive_pi_against_reference():
     """The default law (relative error, per-slot adaptive gain, clipped + recentred integral, logit units)."""
-    kp, ki, ki_max, up, down, clip, t_skip = 0.004, 0.002, 0.02, 1.5, 0.5, 0.05, 0.117  # t·N never integral
+    kp, ki, ki_min, ki_max, up, down, clip, t_skip = 0.004, 0.002, 5e-4, 0.02, 1.5, 0.5, 0.05, 0.117  # t·N not integral
     cfg = make_cfg(
         kp=kp,
         ki=ki,
+        ki_min=ki_min,
         ki_max=ki_max,
         gain_up=up,
         gain_down=down,
@@ -72,14 +73,14 @@ def test_adaptive_pi_against_reference():
     counts[:20, 1, 3] += 200  # a persistently overloaded expert: its gain must grow to the cap
     bias0 = rng.normal(size=(2, C)).astype(np.float32)
     t = np.array([(1 - t_skip) / E] * E + [t_skip])
-    u, g_max = 1.0 / C, ki_max / ki
+    u, g_min, g_max = 1.0 / C, ki_min / ki, ki_max / ki
     s_int, gain, prev_sign = np.zeros((2, C)), np.ones((2, C)), np.zeros((2, C))
     state = bal.init_balancing(jnp.asarray(bias0))
     update = jax.jit(lambda s, c: bal.update_biases(s, c, cfg))
     gains = []
     for c in counts:
         r = (t - c / c.sum(-1, keepdims=True)) / t
-        gain = np.clip(gain * np.where(r * prev_sign > 0, up, np.where(r * prev_sign < 0, down, 1.0)), 1, g_max)
+        gain = np.clip(gain * np.where(r * prev_sign > 0, up, np.where(r * prev_sign < 0, down, 1.0)), g_min, g_max)
         prev_sign = np.where(r < 0, -1.0, 1.0)
         s_max = np.full((2, C), clip / (u * ki))
         s_max[:, -1] += np.abs(bias0[:, -1]) / (u * ki)  # the skip slot may also undo its start offset
@@ -91,7 +92,7 @@ def test_adaptive_pi_against_reference():
         np.testing.assert_allclose(bias, bias0 + delta, rtol=1e-5, atol=1e-6)
         gains.append(gain.copy())
     np.testing.assert_allclose(state.integral, s_int, rtol=1e-5, atol=1e-5)
-    assert gains[19][1, 3] == g_max and gains[-1].min() == 1.0  # reached the cap; the floor holds
+    assert gains[19][1, 3] == g_max and gains[-1].min() == g_min  # reached the cap; the floor holds
 
 
 def test_disabled_returns_base_and_keeps_state():
@@ -122,6 +123,7 @@ def test_metrics_and_dropped_fraction():
         ("integral_clip", -1.0),
         ("target_skip", 1.0),
         ("ki_max", 1e-3),
+        ("ki_min", 0.0),
         ("gain_down", 0.0),
         ("kp", -1.0),
     ],
@@ -210,6 +212,17 @@ def test_long_run_no_drift_no_windup():
     assert np.abs(bias_sign[:, :, :E].mean(-1)).max() > 0.1
 
 
+def test_fresh_router_is_balanced_from_the_start():
+    """At initialisation a router's probabilities differ by ~1e-4 (scale 0.001 here): a bias step at the gain of
+    K_i (the floor before `ki_min`, 2e-4 × error) moves every token at once, so the loads flip between
+    experts for good (the README demo's first 100 steps, the tiny example's whole run). With the floor at
+    `ki_min`, the flips halve the gains until the steps resolve the router's margins, within ~15 steps."""
+    cv, _, _ = simulate(make_cfg(), 400, scale=0.001)
+    assert max(first_below(cv, 0.3)) <= 20 and cv[-200:].mean() < 0.15
+    cv_old, _, _ = simulate(make_cfg(ki_min=make_cfg().ki), 400, scale=0.001)  # no slow-down below K_i
+    assert cv_old[-200:].mean() > 2.0  # every step's tokens on one or two experts
+
+
 def test_near_uniform_router_does_not_flip_flop():
     """A router at initialisation is nearly uniform: a bias step of 1e-3 moves every token. The per-slot
     gains shrink where the error flips sign, so loads settle; a fixed gain at the cap flips all tokens
@@ -217,7 +230,7 @@ def test_near_uniform_router_does_not_flip_flop():
     cfg = make_cfg()
     cv, _, _ = simulate(cfg, 400, scale=0.02)
     assert cv[-200:].mean() < 0.15
-    fixed = make_cfg(ki=cfg.ki_max)  # K_i = ki_max: no room to adapt
+    fixed = make_cfg(ki=cfg.ki_max, ki_min=cfg.ki_max)  # K_i = ki_min = ki_max: no room to adapt
     cv_fixed, _, _ = simulate(fixed, 400, scale=0.02)
     assert cv_fixed[-200:].mean() > 1.0
 

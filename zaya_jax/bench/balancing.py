@@ -47,20 +47,9 @@ def layer_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def tail_summary(rows: list[dict[str, Any]], last: int) -> dict[str, Any]:
-    """Per-layer means of load_cv and dropped over the logged steps in (final step − last, final step]."""
-    final = rows[-1]["step"]
-    tail = [r for r in rows if r["step"] > final - last]
-    cv = np.mean([r["load_cv"] for r in tail], axis=0)
-    dropped = np.mean([r.get("dropped_fraction", np.zeros_like(cv)) for r in tail], axis=0)
-    return {
-        "final_step": final,
-        "window_steps": last,
-        "logged_steps_in_window": len(tail),
-        "load_cv": [round(float(v), 4) for v in cv],
-        "dropped": [round(float(v), 5) for v in dropped],
-        "max_load_cv": round(float(cv.max()), 4),
-        "max_dropped": round(float(dropped.max()), 5),
-    }
+    """Per-layer means of load_cv and dropped over the logged steps in (final step − last, final step], and the
+    balance verdict: `zaya_jax.train.health.window_balance`, the definition the trainer's bar and summary use."""
+    return health.window_balance(rows, last)
 
 
 def report(runs: Mapping[str, str], out_dir: str, *, last: int = 50, title: str = "") -> dict[str, Any]:

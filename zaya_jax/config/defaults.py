@@ -181,15 +181,16 @@ def train_config() -> ml_collections.ConfigDict:
 
 def balancing_config() -> ml_collections.ConfigDict:
     """Expert balancing (train/balancing.py, docs/balancing.md): PI control of the router biases on the relative
-    load error; per-slot gains adapt between ki and ki_max (× gain_up while an error keeps its sign, × gain_down
-    when it flips); gains in logit units (× 1/(E+1) on the probabilities); clipped integral; mean expert bias
-    fixed."""
+    load error; per-slot gains start at ki and adapt between ki_min and ki_max (× gain_up while an error keeps its
+    sign, × gain_down when it flips); gains in logit units (× 1/(E+1) on the probabilities); clipped integral;
+    mean expert bias fixed."""
     return ml_collections.ConfigDict(
         dict(
             enabled=True,
             kp=0.002,
             ki=0.002,
             ki_max=0.1,
+            ki_min=1e-4,  # the gain's floor: a slot whose error keeps flipping slows down to it (fresh routers)
             gain_up=1.2,
             gain_down=0.5,
             error_shape="identity",  # ERROR_SHAPES

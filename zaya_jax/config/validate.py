@@ -188,6 +188,7 @@ def validate_balancing(cfg: ml_collections.ConfigDict) -> None:
         cfg.ki_max >= cfg.ki,
         f"balancing.ki_max={cfg.ki_max} must be >= balancing.ki={cfg.ki} (set them equal for a fixed gain)",
     )
+    _check(cfg.ki_min > 0, f"balancing.ki_min={cfg.ki_min} must be > 0 (the gain's floor; = ki: no slow-down)")
     _check(
         cfg.gain_up >= 1 and 0 < cfg.gain_down <= 1,
         f"balancing.gain_up={cfg.gain_up} must be >= 1 and balancing.gain_down={cfg.gain_down} in (0, 1]",

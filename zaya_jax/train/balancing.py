@@ -72,6 +72,7 @@ def sign_rule(cfg: ml_collections.ConfigDict, gamma: float = 1e-3) -> ml_collect
             normalize_by_target=False,
             kp=0.0,
             ki=gamma,
+            ki_min=gamma,
             ki_max=gamma,
             gain_units="probability",
             integral_clip=0.0,
@@ -166,7 +167,9 @@ def gain_factor(state: BalancingState, shaped: jax.Array, cfg: ml_collections.Co
     g_prev = jnp.where(state.prev_error == 0, 1.0, jnp.abs(state.prev_error))
     agree = shaped * state.prev_error
     factor = jnp.where(agree > 0, cfg.gain_up, jnp.where(agree < 0, cfg.gain_down, 1.0))
-    return jnp.clip(g_prev * factor, 1.0, cfg.ki_max / cfg.ki if cfg.ki > 0 else 1.0)
+    if cfg.ki <= 0:
+        return jnp.ones_like(g_prev)
+    return jnp.clip(g_prev * factor, min(cfg.ki_min, cfg.ki) / cfg.ki, cfg.ki_max / cfg.ki)
 
 
 def update_biases(

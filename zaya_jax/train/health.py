@@ -16,19 +16,83 @@ import numpy as np
 
 from zaya_jax.config import DROPLESS_DISPATCHES
 
+BALANCE_WINDOW = 50  # steps: balance is judged on the mean over the logged steps of the last 50 steps
+BALANCED_CV = 0.3  # a layer is balanced when its mean expert-load CV over that window is at most this …
+BALANCED_DROPPED = 0.01  # … and its mean dropped fraction at most this (docs/balancing.md "Reading a run")
+
 LEGEND = (
     "progress: loss = training cross-entropy (nats/token) | tok/s = tokens per second | "
-    "worst CV = highest per-layer expert-load coefficient of variation (0 = perfectly even; "
-    "≤ 0.3 is balanced) @ its layer"
+    f"worst CV = highest per-layer expert-load coefficient of variation, mean over the last {BALANCE_WINDOW} "
+    f"steps (0 = perfectly even; ≤ {BALANCED_CV:g} with ≤ {BALANCED_DROPPED:.0%} dropped is balanced) @ its layer | "
+    "dropped = the highest per-layer share of tokens over expert capacity, same window (shown when > 0)"
 )
 
 
-def progress_fields(row: dict[str, Any], tokens_per_s: float) -> dict[str, str]:
-    """tqdm postfix: loss, tokens/s and the worst layer's load CV (with the layer index)."""
+def window_balance(rows: Sequence[dict[str, Any]], last: int = BALANCE_WINDOW) -> dict[str, Any] | None:
+    """Per-layer balance over the logged rows of the last `last` steps: the one definition the progress bar, the
+    run summary and `launch.balance_report` share.
+
+    rows: metric rows in step order carrying `load_cv` [L] (and `dropped_fraction` [L]); the window is the rows
+    with step in (final step − last, final step]. Returns None without such rows, else {final_step,
+    window_steps, logged_steps_in_window, load_cv [L], dropped [L] (means), max_load_cv, max_dropped,
+    worst_layer (argmax of load_cv), balanced (every layer's CV ≤ BALANCED_CV and dropped ≤ BALANCED_DROPPED)}.
+    """
+    rows = [r for r in rows if r.get("load_cv")]
+    if not rows:
+        return None
+    final = rows[-1]["step"]
+    tail = [r for r in rows if r["step"] > final - last]
+    cv = np.mean([r["load_cv"] for r in tail], axis=0)
+    dropped = np.mean([r.get("dropped_fraction") or np.zeros_like(cv) for r in tail], axis=0)
+    return {
+        "final_step": int(final),
+        "window_steps": int(last),
+        "logged_steps_in_window": len(tail),
+        "load_cv": [round(float(v), 4) for v in cv],
+        "dropped": [round(float(v), 5) for v in dropped],
+        "max_load_cv": round(float(cv.max()), 4),
+        "max_dropped": round(float(dropped.max()), 5),
+        "worst_layer": int(cv.argmax()),
+        "balanced": bool(cv.max() <= BALANCED_CV and dropped.max() <= BALANCED_DROPPED),
+    }
+
+
+def unbalanced_layers(balance: dict[str, Any]) -> list[str]:
+    """One line per layer that fails the balance rule of `window_balance`'s result (empty when balanced)."""
+    out = []
+    for layer, (cv, dropped) in enumerate(zip(balance["load_cv"], balance["dropped"])):
+        if cv > BALANCED_CV or dropped > BALANCED_DROPPED:
+            out.append(
+                f"layer {layer}: mean expert-load CV {cv:.2f} (balanced: ≤ {BALANCED_CV:g}), dropped "
+                f"{dropped:.2%} (≤ {BALANCED_DROPPED:.0%})"
+            )
+    return out
+
+
+def balance_verdict(balance: dict[str, Any] | None) -> str | None:
+    """The run summary's balance line from `window_balance`'s result, or None without MoE rows."""
+    if balance is None:
+        return None
+    span = f"over the last {balance['window_steps']} steps (to step {balance['final_step']})"
+    if balance["balanced"]:
+        return (
+            f"experts balanced {span}: worst layer {balance['worst_layer']} at mean load CV "
+            f"{balance['max_load_cv']:.2f}, at most {balance['max_dropped']:.2%} of tokens dropped"
+        )
+    return f"experts NOT balanced {span}: " + "; ".join(unbalanced_layers(balance))
+
+
+def progress_fields(row: dict[str, Any], tokens_per_s: float, balance: dict[str, Any] | None = None) -> dict[str, str]:
+    """tqdm postfix: loss, tokens/s and the worst layer's mean load CV over the balance window (with the layer
+    index; `balance` = `window_balance` of the rows so far, else the row's own CV) and its dropped share when
+    any token was dropped."""
     fields = {"loss": f"{row['loss']:.3f}", "tok/s": f"{tokens_per_s:,.0f}"}
-    if row.get("load_cv"):
-        cv = np.asarray(row["load_cv"])
-        fields["worst CV"] = f"{cv.max():.2f}@L{int(cv.argmax())}"
+    if balance is None and row.get("load_cv"):
+        balance = window_balance([{"step": 0, **row}])
+    if balance is not None:
+        fields["worst CV"] = f"{balance['max_load_cv']:.2f}@L{balance['worst_layer']}"
+        if balance["max_dropped"] > 0:
+            fields["dropped"] = f"{balance['max_dropped']:.1%}"
     return fields
 
 

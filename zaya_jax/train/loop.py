@@ -96,6 +96,12 @@ def mesh_peak_flops(config: ml_collections.ConfigDict) -> float | None:
     return peak * (jax.process_count() if device.platform == "cpu" else jax.device_count())
 
 
+def resumed_from(checkpointer: Any, step: int) -> str:
+    """Where a run that starts at `step` > 0 came from, for its console line."""
+    ckpt = getattr(checkpointer, "ckpt", None)
+    return f"checkpoint {os.path.join(ckpt.directory, str(step))}" if ckpt is not None else "the given state"
+
+
 def train(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -118,6 +124,8 @@ def train(
     start = int(state.step)
     peak = mesh_peak_flops(config)
     writer = MetricWriter(workdir, run_name=t.run_name, start_step=start, mfu=peak is not None)
+    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    history = health.read_rows(metrics_path) if writer.enabled and start else []  # the balance window's rows
     monitor = health.BalanceMonitor(config.balancing, config.model)
     flops_per_token = train_flops_per_token(config.model, t.seq_len)
     if (note := schedule.warmup_note(config)) and jax.process_index() == 0:
@@ -127,6 +135,8 @@ def train(
     show = not quiet and jax.process_index() == 0
     chosen = kernels.resolve(config.model)  # what the model was built with (docs/kernels.md)
     if show:
+        if start:
+            tqdm.write(f"resumed from step {start} ({resumed_from(checkpointer, start)})")
         tqdm.write(f"kernels: {chosen}")
         tqdm.write(health.LEGEND)
     bar = tqdm(total=t.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
@@ -148,7 +158,8 @@ def train(
             if peak is not None:
                 metrics["mfu"] = tps * flops_per_token / peak
             row = writer.write(step + 1, metrics)
-            bar.set_postfix(health.progress_fields(row, tps))
+            history.append(row)
+            bar.set_postfix(health.progress_fields(row, tps, health.window_balance(history)))
             for msg in monitor.update(step + 1, row) if writer.enabled else ():
                 with tqdm.external_write_mode():
                     logging.warning("%s", msg)
@@ -159,6 +170,7 @@ def train(
             state = checkpointer.maybe_save(step + 1, state, train_iter, metrics)
             if checkpointer.resume_step is not None:  # rolled back (NaN/Inf loss or spike): go on from there
                 step = bar.n = checkpointer.resume_step
+                history = [r for r in history if r["step"] <= step]
                 continue
         for hook in hooks:
             hook(step + 1, state, metrics)
@@ -185,11 +197,9 @@ def train(
         checkpointer.finish(int(state.step), state, train_iter)
     train_iter.close()
     writer.close()
-    if writer.enabled and (
-        png := health.plot_load_heatmap(
-            os.path.join(workdir, "metrics.jsonl"), os.path.join(workdir, "expert_load.png")
-        )
-    ):
+    if writer.enabled and (balance := health.window_balance(health.read_rows(metrics_path))):
+        summary["balanced"], summary["balance"] = balance["balanced"], balance  # = launch.balance_report's
+    if writer.enabled and (png := health.plot_load_heatmap(metrics_path, os.path.join(workdir, "expert_load.png"))):
         summary["expert_load_png"] = png
     summary["state"] = state
     return summary
