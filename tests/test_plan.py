@@ -23,13 +23,13 @@ from launch.plan_sweep import parse_sweep
 from zaya_jax.config import ConfigError, load_config
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
-from zaya_jax.parallel import owners
 from zaya_jax.parallel.mesh import AXES, parse_mesh_spec
 from zaya_jax.planning import hlo_stats
 from zaya_jax.planning.abstract_step import planning_config
 from zaya_jax.planning.compile_scaling import compile_scaling, small_width
 from zaya_jax.planning.plan import plan, plan_auto_remat
-from zaya_jax.train import zero1
+from zaya_jax.train.zero1 import layout as zero1
+from zaya_jax.train.zero1 import owners
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "experiments", "zaya1_tiny.py")
