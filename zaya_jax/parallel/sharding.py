@@ -11,7 +11,7 @@ without a rule is replicated, an unknown name or a parameter without names is an
 * optimizer state in the per-parameter layout (`fsdp` / `replicated` steps, and checkpoints of every mode):
   the parameter's spec, then — except for `replicated` — every remaining mesh axis on the first dimension it
   divides (leading dimensions first, then the larger matrix dimension), so the state of a large leaf is never
-  replicated. The ZeRO-1 step keeps its optimizer state in an owner layout instead (`zaya_jax.train.zero1.layout`);
+  replicated. The ZeRO-1 step keeps its optimizer state in an owner layout instead (`zaya_jax.train.zero1`);
 * activations: batch over (`data`, `expert`), sequence over `context`.
 """
 
