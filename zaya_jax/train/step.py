@@ -1,6 +1,7 @@
 """The GSPMD train step (`train.param_sharding` = `fsdp` | `replicated`): XLA partitions one global program
-by the parameter and batch shardings. The micro-batch loop, the loss and the closing balancing update are
-`zaya_jax.train.microbatch`'s, shared with the ZeRO-1 step (the default, `zaya_jax.train.zero1.step`).
+by the parameter and batch shardings. The micro-batch loop and the loss (`zaya_jax.train.microbatch`) and the
+closing balancing update and metrics (`zaya_jax.train.step_metrics`) are shared with the ZeRO-1 step (the
+default, `zaya_jax.train.zero1`).
 
 `make_train_step` returns a function `step(state, batch) -> (state, metrics)` jitted with explicit
 in/out shardings and the state donated.
