@@ -1,5 +1,5 @@
 """A hidden-1024 ZAYA1 (4 layers, 8 experts of width 1024) for the MFU benchmark on CPU
-(`python -m launch.bench --suite=train --config=experiments/zaya1_h1024.py --reference=false`); the `h1024`
+(`python -m benchmarks.peers --config=experiments/zaya1_h1024.py --reference=false`); the `h1024`
 variant of experiments/zaya1.py."""
 
 import os

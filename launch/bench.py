@@ -3,7 +3,6 @@
     python -m launch.bench --suite=collectives --out=/tmp/bench --quick
     python -m launch.bench --suite=gemm --out=/tmp/bench --dtype=bfloat16
     python -m launch.bench --suite=membw --out=/tmp/bench --min_bytes=1048576 --max_bytes=4294967296
-    python -m launch.bench --suite=train --out=benchmarks/train --cpu_devices=1   # vs transformers, MFU
     python -m launch.bench --suite=moe --out=benchmarks/moe                       # MoE / dense per dispatch
     python -m launch.bench --suite=compile --out=benchmarks/compile               # compile time vs depth
     python -m launch.bench --suite=checkpoint --out=benchmarks/checkpoint         # Orbax save vs raw disk
@@ -11,22 +10,22 @@
 
 Every suite writes `<suite>.csv`, `<suite>.md` (the machine and the exact command next to the results) and
 its plots into `--out`. `--config=file.py[:arg]` (with `--config.x=...` overrides) picks the model of the
-train / moe / compile / checkpoint suites (default experiments/zaya1_100m.py).
+moe / compile / checkpoint suites (default experiments/zaya1_100m.py).
 
 CPU device emulation: `--cpu_devices=N` (`launch.cpu_devices`; default 8, 1 for the single-device suites
-train / moe / compile / checkpoint; 0 = as the environment says) sets jax's CPU device count before the
+moe / compile / checkpoint; 0 = as the environment says) sets jax's CPU device count before the
 backend starts; a count given on the command line wins over one in XLA_FLAGS.
 
-The train suite compares with peer stacks (transformers, MaxText): its code is `benchmarks/peers/`, part of a
-checkout but not of the installed package, so it runs from the repository root.
+The comparisons with peer stacks (our train step vs transformers and MaxText) are not a suite here: they live
+in `benchmarks/peers/`, part of a checkout but not of the installed package, with their own entry point
+(`python -m benchmarks.peers`, run from the repository root).
 
-Suites live in the `SUITES` registry: add one with `register_suite("train", "help")` on a
+Suites live in the `SUITES` registry: add one with `register_suite("name", "help")` on a
 function `(flags.FlagValues) -> None`; no other change is needed.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 
 from launch.cpu_devices import prepare_host
@@ -40,7 +39,7 @@ from launch import cli, cpu_devices  # noqa: E402
 
 # Single-device suites default to 1 emulated device: XLA:CPU splits the host's threads between emulated
 # devices, so a one-device computation runs ~3x slower on a 2-core host with 8 emulated devices.
-ONE_DEVICE_SUITES = ("train", "moe", "compile", "checkpoint")
+ONE_DEVICE_SUITES = ("moe", "compile", "checkpoint")
 
 Runner = Callable[[flags.FlagValues], None]
 SUITES: dict[str, tuple[Runner, str]] = {}
@@ -147,51 +146,6 @@ def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = Fals
     return validate(config)
 
 
-def _require_peers() -> None:
-    """One line (exit 78) unless benchmarks/peers/ imports: the peer comparisons live next to the recorded results
-    in a checkout of the repository and are not installed with zaya_jax."""
-    try:
-        found = importlib.util.find_spec("benchmarks.peers") is not None
-    except ModuleNotFoundError:  # no `benchmarks` package on the path
-        found = False
-    if not found:
-        cli.fail(
-            "bench",
-            f"--suite={FLAGS.suite} compares with peers (benchmarks/peers/, not installed with zaya_jax): "
-            "run it from the root of a zaya_jax checkout",
-        )
-
-
-@register_suite(
-    "train",
-    "training tokens/s of the jitted train step vs transformers ZayaForCausalLM in float32 and bfloat16 "
-    "(each side in its own process, same weights and batches), MFU vs the measured GEMM peak of the dtype",
-)
-def _run_train(f: flags.FlagValues) -> None:
-    """Per dtype (--dtype, else float32 and bfloat16): our step vs transformers, each side in its own process
-    (--separate_runs rounds, alternating; 0 = interleaved in one process); ends with one ratio line per dtype."""
-    _require_peers()
-    from benchmarks.peers import suite  # deferred: only in a checkout, not installed (_require_peers checked)
-
-    options = suite.Options(
-        out=f.out,
-        dtypes=[f.dtype] if f.dtype else ["float32", "bfloat16"],
-        quick=f.quick,
-        batch=f.batch,
-        seq_len=f.seq_len,
-        dispatch=f.dispatch,
-        remat=f.remat,
-        trials=f.trials,
-        warmup=f.warmup,
-        optimizers=f.optimizers,
-        reference=f.reference,
-        separate_runs=f.separate_runs,
-        train_side=f.train_side,
-        maxtext_python=f.maxtext_python,
-    )
-    suite.run(options, _bench_config(f, "experiments/zaya1_100m.py"))
-
-
 @register_suite("moe", "MoE block / dense SwiGLU of equal active FLOPs per dispatch (forward + backward)")
 def _run_moe(f: flags.FlagValues) -> None:
     from zaya_jax.bench import common, moe
@@ -282,23 +236,10 @@ flags.DEFINE_float("max_gflop", None, "gemm: skip shapes above this many GFLOP")
 config_flags.DEFINE_config_file(
     "config",
     None,
-    "train/moe/compile/checkpoint: experiment config file[:arg] "
+    "moe/compile/checkpoint: experiment config file[:arg] "
     "(default experiments/zaya1_100m.py); --config.x=... overrides",
 )
-flags.DEFINE_integer("batch", None, "train: global batch size override")
-flags.DEFINE_integer("seq_len", None, "train: sequence length override")
-flags.DEFINE_string("dispatch", None, "train: model.dispatch override (auto, grouped, ragged, capacity, ep, dense)")
-flags.DEFINE_string("remat", None, "train: model.remat override")
-flags.DEFINE_list("optimizers", None, "train: adamw (same as the reference) and/or muon (the project default)")
-flags.DEFINE_bool("reference", True, "train: also time transformers ZayaForCausalLM (needs torch + transformers)")
-flags.DEFINE_integer(
-    "separate_runs",
-    2,
-    "train: run each side alone in a fresh process, alternating, this many rounds (pooled; avoids in-process "
-    "interference); 0 = interleave the two sides' steps in one process",
-)
-flags.DEFINE_enum("train_side", None, ["zaya_jax", "transformers"], "train: time only this side")
-flags.DEFINE_string("maxtext_python", None, "train: python of a venv with MaxText installed (see benchmarks/README.md)")
+flags.DEFINE_list("optimizers", None, "checkpoint: the optimizer whose state is saved (the first; default muon)")
 flags.DEFINE_integer("tokens", None, "moe: tokens T per block call (default batch x seq of the config)")
 flags.DEFINE_list("dispatches", None, "moe: subset of dropless:loops, dropless:ragged_dot, capacity, ep, dense")
 flags.DEFINE_list("capacity_factors", None, "moe: capacity factors for capacity / ep (default 2.0, 1.25)")
@@ -306,7 +247,7 @@ flags.DEFINE_list("depths", None, "compile: layer counts (default 8, 40, 80)")
 flags.DEFINE_string("ckpt_dir", None, "checkpoint: directory on the disk to measure (default: the temp dir)")
 cpu_devices.define_flag(
     None,
-    "emulated CPU devices (default 8, 1 for the train/moe/compile/checkpoint "
+    "emulated CPU devices (default 8, 1 for the moe/compile/checkpoint "
     "suites; 0 = as the environment says; wins over XLA_FLAGS' device count when given)",
 )
 flags.DEFINE_string("coordinator_address", None, "multi-process: jax.distributed coordinator host:port")
@@ -319,13 +260,11 @@ cli.require_numbers(
     "trials",
     "warmup",
     "gemm_tokens",
-    "batch",
-    "seq_len",
     "tokens",
     "num_processes",
     minimum=1,
 )
-cli.require_numbers("separate_runs", "process_id", minimum=0)
+cli.require_numbers("process_id", minimum=0)
 cli.require_numbers("max_gflop", above=0)
 
 

@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from launch import cli
+from zaya_jax import hardware
 from zaya_jax.config import GEOMETRY_FIELDS, ConfigError, validate
 from zaya_jax.parallel.mesh import parse_mesh_spec
 from zaya_jax.planning import sizing
@@ -21,7 +22,7 @@ FLAGS = flags.FLAGS
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Experiment config file (experiments/*.py[:arg]).", lock_config=True
 )
-flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.planning.sizing.HARDWARE key)")
+flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.hardware.HARDWARE key)")
 flags.DEFINE_integer("tokens_per_device", None, "tokens per device per microbatch (enables token rules)", lower_bound=1)
 flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8,expert:2 (default: the config's mesh, axes > 1)")
 flags.DEFINE_bool("strict", False, "also flag dims that are multiples of 64 but not of 128")
@@ -33,7 +34,7 @@ MODEL_FIELDS = GEOMETRY_FIELDS
 def main(argv: list[str]) -> None:
     del argv
     try:
-        hw = sizing.get_hardware(FLAGS.hardware)
+        hw = hardware.get_hardware(FLAGS.hardware)
     except ValueError as err:
         raise ConfigError(f"--hardware: {err}") from None
     mesh = {k: v for k, v in parse_mesh_spec(FLAGS.mesh).items() if v > 1} if FLAGS.mesh else None

@@ -52,7 +52,7 @@ flags.DEFINE_string("mesh", None, "mesh sizes, e.g. data:8 or data:2,expert:4 (d
 flags.DEFINE_integer("seq_len", None, "sequence length (default: config.train.seq_len)")
 flags.DEFINE_integer("batch_per_device", 1, "sequences per batch shard (data × expert) per micro-batch")
 flags.DEFINE_integer("microbatches", None, "gradient-accumulation micro-batches (default: the config's)")
-flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.planning.sizing.HARDWARE)")
+flags.DEFINE_string("hardware", "mi300x", "target accelerator (zaya_jax.hardware.HARDWARE)")
 flags.DEFINE_string(
     "target",
     None,

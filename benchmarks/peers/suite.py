@@ -1,7 +1,7 @@
-"""The train suite of `launch.bench` (docs/benchmarks.md): per dtype, our train step against transformers
-`ZayaForCausalLM` (`train`), each side alone in a fresh process for `separate_runs` rounds, alternating, their
-step times pooled; the MaxText row (`maxtext`) outside quick runs; the report (train.csv, train.md,
-train_rows.json) and one ratio line per dtype (ratios.txt).
+"""The peer comparisons that `python -m benchmarks.peers` runs (docs/benchmarks.md): per dtype, our train step
+against transformers `ZayaForCausalLM` (`train`), each side alone in a fresh process for `separate_runs` rounds,
+alternating, their step times pooled; the MaxText row (`maxtext`) outside quick runs; the report (train.csv,
+train.md, train_rows.json) and one ratio line per dtype (ratios.txt).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from zaya_jax.bench import common
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    """What `launch.bench --suite=train` was asked for (its flags of the same names; None = the suite's default)."""
+    """What `python -m benchmarks.peers` was asked for (its flags of the same names; None = the suite's default)."""
 
     out: str
     dtypes: Sequence[str] = ("float32", "bfloat16")

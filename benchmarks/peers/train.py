@@ -3,7 +3,7 @@
 Both sides start from the same weights (the JAX initialisation, mapped to the HF-native names by
 `zaya_jax.hf`), use the same optimizer (AdamW with the same hyper-parameters; no clipping) and see the
 same batches, so their losses must agree step by step (the first one exactly up to float rounding). In one
-process the steps run alternately (JAX, torch, JAX, torch, ...); `launch.bench --suite=train` by default runs
+process the steps run alternately (JAX, torch, JAX, torch, ...); `python -m benchmarks.peers` by default runs
 each side alone in a fresh process, alternating, and pools the rounds (`pool_rounds`): two frameworks in one
 process disturb each other. The ratio is of median step times. bfloat16 = bf16 operands with fp32
 accumulation on our side, `torch.autocast("cpu", bfloat16)` on the reference's; master weights fp32 on both.

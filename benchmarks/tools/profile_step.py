@@ -1,7 +1,7 @@
 """Where the time of the CPU train step goes: XLA op time per step, grouped by op and by kind.
 
-Profiles the `launch.bench --suite=train` step (same config semantics: AdamW, no balancing, 1 CPU device)
-with `jax.profiler` and sums the trace's op durations over a few steps:
+Profiles the peer comparisons' step (`python -m benchmarks.peers`; same config semantics: AdamW, no balancing,
+1 CPU device) with `jax.profiler` and sums the trace's op durations over a few steps:
 
     GLIBC_TUNABLES=glibc.malloc.hugetlb=1 python benchmarks/tools/profile_step.py float32 experiments/zaya1_100m.py
 

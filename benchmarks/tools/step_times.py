@@ -1,4 +1,5 @@
-"""Times of the `launch.bench --suite=train` step (AdamW, 1 CPU device) in this process, with the kernel's share.
+"""Times of the peer comparisons' step (`python -m benchmarks.peers`; AdamW, 1 CPU device) in this process, with
+the kernel's share.
 
 For before/after comparisons of a change: run it from each source tree in turn, each run a fresh process,
 alternating, on a quiet host:

@@ -109,32 +109,6 @@ def test_quick_collectives_cli(tmp_path):
     assert "cpu_model" in md and "![collectives.png](collectives.png)" in md
 
 
-# launch.bench run as in a process without benchmarks/peers on its path (an installed zaya_jax, no checkout)
-_NO_PEERS = """
-import importlib.util, runpy, sys
-find_spec = importlib.util.find_spec
-importlib.util.find_spec = lambda name, *a: None if name == "benchmarks.peers" else find_spec(name, *a)
-sys.argv = ["launch.bench", *sys.argv[1:]]
-runpy.run_module("launch.bench", run_name="__main__")
-"""
-
-
-def test_train_suite_without_peers_is_one_line_exit_78(tmp_path):
-    out = tmp_path / "train"
-    proc = subprocess.run(
-        [sys.executable, "-c", _NO_PEERS, "--suite=train", "--quick", f"--out={out}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 78, proc.stderr[-3000:]
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bench: error: --suite=train compares with peers"), lines
-    assert "run it from the root of a zaya_jax checkout" in lines[0]
-    assert not out.exists()  # nothing was benchmarked or written
-
-
 def test_gemm_tiny_run(tmp_path):
     rows = gemm.run(
         str(tmp_path),
@@ -188,7 +162,7 @@ def test_common_helpers(tmp_path):
     assert common.read_csv(str(tmp_path / "x.csv"))[1] == {"a": "2", "b": "3"}
 
 
-# ------------------------------------------------------------------ train / moe / compile / checkpoint suites
+# ------------------------------------------------------------------ moe / compile / checkpoint suites
 
 
 def _finite_positive(x) -> bool:

@@ -16,6 +16,7 @@ import pytest
 from flax import nnx
 
 from zaya_jax.config import model_config, validate_model
+from zaya_jax.kernels import resolve
 from zaya_jax.model import abstract_model
 from zaya_jax.model.cca import CCA
 from zaya_jax.model.moe import MoE
@@ -217,7 +218,7 @@ def np_merge(y, r, p):
 @pytest.mark.parametrize("k0, k1", [(2, 2), (3, 2)])
 def test_cca_convs_pad_once_and_full_attention(k0, k1):
     m = make_cfg(cca_time0=k0, cca_time1=k1)
-    cca = CCA(m, rngs=nnx.Rngs(0))
+    cca = CCA(m, resolve(m), rngs=nnx.Rngs(0))
     p = randomise(cca, seed=1)
     assert np.abs(p["conv1_b"]).min() > 0 and np.abs(p["conv2_b"]).min() > 0
     x = np.random.default_rng(2).standard_normal((2, 5, m.hidden_size))
@@ -237,7 +238,7 @@ def test_cca_convs_pad_once_and_full_attention(k0, k1):
 @pytest.mark.parametrize("factor", [0.5, 1.0])
 def test_l2_norm_temperature_partial_rope(factor):
     m = make_cfg(partial_rotary_factor=factor)
-    cca = CCA(m, rngs=nnx.Rngs(0))
+    cca = CCA(m, resolve(m), rngs=nnx.Rngs(0))
     p = randomise(cca, seed=5)
     rng = np.random.default_rng(6)
     q = rng.standard_normal((2, 6, m.num_q_heads, m.head_dim))
@@ -254,7 +255,7 @@ def test_l2_norm_temperature_partial_rope(factor):
 def test_eda_recursion_three_layers():
     """a_i = D_i(x_i) + s_i ⊙ a_{i-1} carried pre-norm; unrolled a_2 = D_2 + s_2⊙D_1 + s_2⊙s_1⊙D_0 (§6)."""
     m = make_cfg()
-    routers = [Router(m, rngs=nnx.Rngs(i)) for i in range(3)]
+    routers = [Router(m, resolve(m), rngs=nnx.Rngs(i)) for i in range(3)]
     ps = [randomise(r, seed=10 + i) for i, r in enumerate(routers)]
     xs = np.random.default_rng(9).standard_normal((3, 12, m.hidden_size))
     state, state_ref = jnp.zeros((12, m.router_hidden_size)), np.zeros((12, m.router_hidden_size))
@@ -277,7 +278,7 @@ def test_eda_recursion_three_layers():
 
 def test_balancing_bias_changes_choice_not_gate():
     m = make_cfg(num_experts=4)
-    router = Router(m, rngs=nnx.Rngs(0))
+    router = Router(m, resolve(m), rngs=nnx.Rngs(0))
     p = randomise(router, seed=20)
     x = jnp.asarray(np.random.default_rng(21).standard_normal((64, m.hidden_size)), jnp.float32)
     zero = CALL(router, x, jnp.zeros((64, m.router_hidden_size)))
@@ -297,7 +298,7 @@ def test_balancing_bias_changes_choice_not_gate():
 
 
 def make_moe(m, seed: int, skip_bias: float = 0.0):
-    return (moe := MoE(m, rngs=nnx.Rngs(0))), randomise(moe, seed=seed, skip_bias=skip_bias)
+    return (moe := MoE(m, resolve(m), rngs=nnx.Rngs(0))), randomise(moe, seed=seed, skip_bias=skip_bias)
 
 
 @pytest.mark.parametrize("skip_output", ["scaled_input", "zero"])
@@ -345,7 +346,7 @@ def test_dispatches_agree_outputs_and_gradients():
         dispatch, _, kernel = name.partition(":")
         m = make_cfg(num_experts=4, skip_output="scaled_input", dispatch=dispatch, capacity_factor=4.0).as_configdict()
         m.kernels.grouped_gemm = kernel or "auto"
-        moe = MoE(frozen(m), rngs=nnx.Rngs(1))
+        moe = MoE(frozen(m), resolve(m), rngs=nnx.Rngs(1))
         nnx.update(moe, nnx.state(ref_moe))
         results[name] = moe_outputs_and_grads(moe, x, state, cot)
     out, stats, grads = results["dense"]

@@ -15,6 +15,7 @@ from jax.sharding import AxisType, NamedSharding
 
 from tests.tools.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax.config import CONTEXT_LAYOUTS, ConfigError, validate
+from zaya_jax.kernels import resolve
 from zaya_jax.model import cca_context as context
 from zaya_jax.model.cca import CCA
 from zaya_jax.parallel import sharding
@@ -37,7 +38,7 @@ def _mesh(data: int, ctx: int, expert: int = 1):
 def cca_case():
     """A CCA layer with non-zero conv biases and key temperatures, input x [4, 64, H], dense reference."""
     m = tiny_config().model
-    attn = CCA(m, rngs=nnx.Rngs(params=0))
+    attn = CCA(m, resolve(m), rngs=nnx.Rngs(params=0))
     keys = jax.random.split(jax.random.key(1), 3)
     attn.conv1_b[...] = 0.3 * jax.random.normal(keys[0], attn.conv1_b.shape)
     attn.conv2_b[...] = 0.3 * jax.random.normal(keys[1], attn.conv2_b.shape)

@@ -1,4 +1,4 @@
-"""The peer comparisons of benchmarks/peers/ (not part of the installed package): the train suite against
+"""The peer comparisons of benchmarks/peers/ (not part of the installed package; `python -m benchmarks.peers`): against
 transformers (each side in its own process, pooled rounds) and the MaxText row's matched model. No timing
 assertions."""
 
@@ -20,15 +20,24 @@ from zaya_jax.model.flops import train_flops_per_token
 def test_quick_train_cli_without_reference_runs_only_our_side(tmp_path):
     """`--reference=false` with separate runs: one fresh process per round for our side, none for transformers."""
     out = tmp_path / "train"
-    cmd = ["--suite=train", "--quick", "--reference=false", "--separate_runs=1", "--dtype=float32", f"--out={out}"]
+    cmd = ["--quick", "--reference=false", "--separate_runs=1", "--dtype=float32", f"--out={out}"]
     proc = subprocess.run(
-        [sys.executable, "-m", "launch.bench", *cmd], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "benchmarks.peers", *cmd], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(os.listdir(out / "runs")) == ["0_zaya_jax"]
     assert "round 0 zaya_jax" in proc.stdout and "transformers (float32)" not in proc.stdout
     impls = [r["impl"] for r in common.read_csv(str(out / "train.csv"))]
     assert "zaya_jax" in impls and "transformers" not in impls
+
+
+def test_entry_point_without_out_is_one_line_exit_78():
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.peers", "--quick"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 78, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["peers: error: --out is required, e.g. --out=benchmarks/train"], lines
 
 
 def test_train_suite_quick(tmp_path):

@@ -24,13 +24,13 @@ from tests.tools import REPO
 from zaya_jax.config import ConfigError, load_config
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.model.params import param_counts
-from zaya_jax.parallel import owners
 from zaya_jax.parallel.mesh import AXES, parse_mesh_spec
 from zaya_jax.planning import hlo_stats
 from zaya_jax.planning.abstract_step import planning_config
 from zaya_jax.planning.compile_scaling import compile_scaling, small_width
 from zaya_jax.planning.plan import plan, plan_auto_remat
-from zaya_jax.train import zero1
+from zaya_jax.train.zero1 import layout as zero1
+from zaya_jax.train.zero1 import owners
 
 TINY = os.path.join(REPO, "experiments", "zaya1_tiny.py")
 SMALL = dict(

@@ -10,6 +10,7 @@ import warnings
 import pytest
 
 from tests.tools import REPO
+from zaya_jax import hardware
 from zaya_jax.config import load_config, model_config
 from zaya_jax.planning import sizing
 
@@ -37,7 +38,7 @@ def test_zaya1_base_is_clean():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a sizing warning would fail here
         assert sizing.warn_model(config) == []
-    for hw in sizing.HARDWARE:
+    for hw in hardware.HARDWARE:
         assert sizing.check_model(config.model, hw) == []
         assert sizing.check_model(config, hw) == []
     assert sizing.propose(config.model) == {}
@@ -58,7 +59,7 @@ def test_loading_a_config_does_not_warn_but_the_sizing_warning_does(tmp_path):
     path.write_text(BAD_CONFIG)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        config = load_config(str(path))  # config loading is pure: the training loop warns (sizing.warn_model)
+        config = load_config(str(path))  # config loading is pure: launch.train warns (sizing.warn_model)
         assert not [w for w in caught if str(w.message).startswith("sizing:")]
         sizing.warn_model(config)
     messages = [str(w.message) for w in caught if str(w.message).startswith("sizing:")]
@@ -70,11 +71,11 @@ def test_loading_a_config_does_not_warn_but_the_sizing_warning_does(tmp_path):
 
 
 def test_mfu_peak_from_the_hardware_table():
-    assert sizing.peak_flops("AMD Instinct MI300X", "bfloat16") == pytest.approx(1307.4e12)
-    assert sizing.peak_flops("AMD Instinct MI300X", "float32") == pytest.approx(163.4e12)
-    assert sizing.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == pytest.approx(989.4e12)
-    assert sizing.hardware_for_device("NVIDIA H200").name == "H200"
-    assert sizing.peak_flops("cpu", "float32") is None  # no table entry: MFU needs a measured peak
+    assert hardware.peak_flops("AMD Instinct MI300X", "bfloat16") == pytest.approx(1307.4e12)
+    assert hardware.peak_flops("AMD Instinct MI300X", "float32") == pytest.approx(163.4e12)
+    assert hardware.peak_flops("NVIDIA H100 80GB HBM3", "bfloat16") == pytest.approx(989.4e12)
+    assert hardware.hardware_for_device("NVIDIA H200").name == "H200"
+    assert hardware.peak_flops("cpu", "float32") is None  # no table entry: MFU needs a measured peak
 
 
 def test_strict_and_derived_rules():
@@ -91,7 +92,7 @@ def test_strict_and_derived_rules():
 
 
 def test_expert_intensity_rule():
-    mi300x = sizing.get_hardware("MI300X")
+    mi300x = hardware.get_hardware("MI300X")
     assert mi300x.ridge == pytest.approx(246.7, abs=0.5)
     te = sizing.min_tokens_for_ridge(2048, 4096, mi300x.ridge)
     assert 295 < te < 310  # docs/sizing.md rule 5: "near T_e ~ 300"
@@ -116,12 +117,12 @@ def test_mesh_divisibility_rule():
 
 
 def test_hardware_table():
-    assert set(sizing.HARDWARE) == {"mi300x", "mi325x", "mi355x", "h100", "h200"}
-    h = sizing.get_hardware("h100")
+    assert set(hardware.HARDWARE) == {"mi300x", "mi325x", "mi355x", "h100", "h200"}
+    h = hardware.get_hardware("h100")
     assert h.peak_bf16_flops == pytest.approx(989.4e12) and "peak_bf16_flops" in h.vendor_spec
-    assert sizing.get_hardware("MI300X").memory_bytes == pytest.approx(192e9)
+    assert hardware.get_hardware("MI300X").memory_bytes == pytest.approx(192e9)
     with pytest.raises(ValueError, match="unknown hardware 'a100'.*mi300x"):
-        sizing.get_hardware("a100")
+        hardware.get_hardware("a100")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

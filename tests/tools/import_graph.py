@@ -18,12 +18,12 @@ from tests.tools import REPO
 
 ROOTS = ("zaya_jax", "launch", "experiments", "benchmarks")
 # the rooms of the package map, (room, module prefixes), in layers: a room imports only rooms listed above it; a
-# module is in the first room whose prefix matches (planning.sizing, the hardware table the trainer reads, sits
-# above the rest of planning; benchmarks.peers, which launch.bench runs, above launch/)
+# module is in the first room whose prefix matches (benchmarks.peers is part of benchmarks/, below launch/: no
+# launcher runs it)
 ROOMS = (
     ("errors", ("zaya_jax.errors",)),
     ("keys", ("zaya_jax.keys",)),
-    ("sizing", ("zaya_jax.planning.sizing",)),
+    ("hardware", ("zaya_jax.hardware",)),
     ("host_memory", ("zaya_jax.host_memory",)),
     ("config", ("zaya_jax.config",)),
     ("parallel", ("zaya_jax.parallel",)),
@@ -36,7 +36,6 @@ ROOMS = (
     ("inference", ("zaya_jax.inference",)),
     ("planning", ("zaya_jax.planning",)),
     ("bench", ("zaya_jax.bench",)),
-    ("peers", ("benchmarks.peers",)),
     ("launch/", ("launch",)),
     ("experiments/", ("experiments",)),
     ("benchmarks/", ("benchmarks",)),

@@ -291,7 +291,7 @@ BAD_INPUTS: list[BadInput] = [
         ci=True,
         expect="--seq_len",
     ),
-    BadInput("bench_zero_seq_len", "bench", lambda c: ["--suite=train", "--seq_len=0"], ci=True, expect="--seq_len"),
+    BadInput("bench_zero_trials", "bench", lambda c: ["--suite=gemm", "--trials=0"], ci=True, expect="--trials"),
     BadInput(
         "check_sizing_negative_tokens",
         "check_sizing",

@@ -15,14 +15,14 @@ from tests.tools.helpers import assert_trees_close, mean_loss_and_grads, random_
 from zaya_jax.config import default_config
 from zaya_jax.model.zaya import abstract_model
 from zaya_jax.parallel.mesh import AXES, make_mesh
-from zaya_jax.parallel.owners import ns_flops
 from zaya_jax.planning import hlo_stats
 from zaya_jax.planning.hlo_text import parse_computations
-from zaya_jax.train import zero1
 from zaya_jax.train.optimizer import NS_SCOPE
 from zaya_jax.train.setup import prepare, prepare_abstract
 from zaya_jax.train.state import split_model
-from zaya_jax.train.zero1_step import make_zero1_grads
+from zaya_jax.train.zero1 import layout as zero1
+from zaya_jax.train.zero1.owners import ns_flops
+from zaya_jax.train.zero1.step import make_zero1_grads
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 

@@ -1,5 +1,5 @@
 """`train.overlap_collectives`: the ZeRO-1 gradient reduce-scatter inside the last micro-batch's backward layer
-loop (`zaya_jax.train.fused_backward`), layer chunks in the owner layouts (`zaya_jax.parallel.owners`) — same
+loop (`zaya_jax.train.zero1.fused_backward`), layer chunks in the owner layouts (`zaya_jax.train.zero1.owners`) — same
 gradients and losses as one device / as the one-reduce-scatter form, and the collectives really in the loop.
 
 The gradient matrix runs a representative subset by default (each case compiles a step); set
@@ -19,13 +19,13 @@ from jax.sharding import AbstractMesh
 from tests.tools.helpers import assert_trees_close, mean_loss_and_grads, random_batch, rel_err, tiny_config
 from zaya_jax.model.zaya import abstract_model
 from zaya_jax.parallel.mesh import AXES, make_mesh
-from zaya_jax.parallel.owners import SlotLayout, overlap_chunks
 from zaya_jax.planning import hlo_stats
 from zaya_jax.planning.abstract_step import abstract_batch
-from zaya_jax.train import zero1
 from zaya_jax.train.setup import prepare, prepare_abstract
 from zaya_jax.train.state import split_model
-from zaya_jax.train.zero1_step import make_zero1_grads
+from zaya_jax.train.zero1 import layout as zero1
+from zaya_jax.train.zero1.owners import SlotLayout, overlap_chunks
+from zaya_jax.train.zero1.step import make_zero1_grads
 
 MODEL = dict(num_layers=4, num_experts=16, capacity_factor=16.0, remat="full")  # layer chunks on every mesh
 MESHES = [(1, 1), (8, 1), (4, 2), (2, 4), (3, 1), (6, 1)]

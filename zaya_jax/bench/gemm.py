@@ -11,7 +11,7 @@ by the backend):
              2·T·H·I / t. On XLA:CPU ragged_dot is a masked dense dot doing E x the work
              (on CPU, XLA lowers `ragged_dot` to a dense masked dot).
 `measure_gemm_peak` is the ceiling of the train benchmark's MFU; on a machine the hardware table
-(`zaya_jax.planning.sizing`) does not know, the square sweep's best TFLOP/s is the value for `train.peak_tflops`.
+(`zaya_jax.hardware`) does not know, the square sweep's best TFLOP/s is the value for `train.peak_tflops`.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def measure_gemm_peak(dtype: Any = None, size: int | None = None, warmup: int = 
     """Best achieved FLOP/s of a square `size`^3 GEMM (min time over trials).
 
     Defaults: dtype bf16 on accelerators / f32 on CPU; size 8192 on accelerators / 1024 on CPU.
-    The achievable ceiling that the MFU of `launch.bench --suite=train` (run from a checkout) is measured against.
+    The achievable ceiling that the MFU of the peer comparisons (`python -m benchmarks.peers`, from a checkout)
+    is measured against.
     """
     dtype = jnp.dtype(dtype or common.default_float_dtype())
     if size is None:

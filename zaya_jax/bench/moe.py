@@ -95,7 +95,8 @@ def time_moe(
     m: ml_collections.ConfigDict, tokens: int, dispatch: str, devices: Sequence, warmup: int, trials: int
 ) -> dict[str, Any]:
     """Time the MoE block (fwd+bwd) and its equal-FLOPs dense baseline on `devices`."""
-    moe = MoE(frozen(with_dispatch(m, dispatch)), rngs=nnx.Rngs(params=0))
+    mm = frozen(with_dispatch(m, dispatch))
+    moe = MoE(mm, kernels.resolve(mm), rngs=nnx.Rngs(params=0))
     graphdef, params, rest = nnx.split(moe, nnx.Param, ...)
     rng = np.random.default_rng(1)
     x = jnp.asarray(rng.standard_normal((1, tokens, m.hidden_size), np.float32))

@@ -172,7 +172,7 @@ def train_config() -> ml_collections.ConfigDict:
             run_name="",  # TensorBoard run name (events in <workdir>/tensorboard/<run_name>); "" = workdir's name
             eval_every=0,
             eval_batches=4,
-            # per-device peak TFLOP/s for the logged MFU; 0 = the hardware table (zaya_jax.planning.sizing) for the
+            # per-device peak TFLOP/s for the logged MFU; 0 = the hardware table (zaya_jax.hardware) for the
             # device kind and model.dtype; on CPU measure one with `python -m launch.bench --suite=gemm`
             peak_tflops=0.0,
         )

@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from zaya_jax import kernels as kernel_choice
 from zaya_jax.kernels import Kernels
 from zaya_jax.model import layers
 
@@ -58,14 +57,15 @@ def l2_normalize(x: jax.Array, scale: float, eps: float) -> jax.Array:
 
 class CCA(nnx.Module):
     """One CCA attention sub-layer: latent q/k projections, mean path, two causal convs, value shift,
-    L2 norm with learned key temperature, partial RoPE after the norm, GQA attention, output projection."""
+    L2 norm with learned key temperature, partial RoPE after the norm, GQA attention, output projection.
+    `kernels`: the model's kernel choice (`Zaya` resolves it once and hands it down)."""
 
-    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    def __init__(self, m: ml_collections.ConfigDict, kernels: Kernels, *, rngs: nnx.Rngs):
         pd, std = layers.dtype_of(m.param_dtype), m.initializer_range
         h, d, nq, nkv = m.hidden_size, m.head_dim, m.num_q_heads, m.num_kv_heads
         c = (nq + nkv) * d
         self.cfg = m
-        self.kernels = kernel_choice.resolve(m)
+        self.kernels = kernels
         self.wq = layers.normal_param(rngs, (h, nq * d), std, pd, ("embed", "q_heads"))
         self.wk = layers.normal_param(rngs, (h, nkv * d), std, pd, ("embed", "kv_heads"))
         self.wv_cur = layers.normal_param(rngs, (h, nkv * d // 2), std, pd, ("embed", "kv_half"))

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from zaya_jax import kernels as kernel_choice
 from zaya_jax.config import CONCRETE_DISPATCHES, choice_table
 from zaya_jax.kernels import ExpertWeights, Kernels
 from zaya_jax.model import layers
@@ -128,14 +127,15 @@ EXPERT_WEIGHTS = nnx.Any(nnx.PathContains("w_in"), nnx.PathContains("w_out"))  #
 
 
 class MoE(nnx.Module):
-    """Router + experts of one MoE sub-layer. Expert weights: w_in [E, H, 2I] (gate | up), w_out [E, I, H]."""
+    """Router + experts of one MoE sub-layer. Expert weights: w_in [E, H, 2I] (gate | up), w_out [E, I, H].
+    `kernels`: the model's kernel choice (`Zaya` resolves it once and hands it down)."""
 
-    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    def __init__(self, m: ml_collections.ConfigDict, kernels: Kernels, *, rngs: nnx.Rngs):
         pd, std = layers.dtype_of(m.param_dtype), m.initializer_range
         e, h, i = m.num_experts, m.hidden_size, m.moe_intermediate_size
         self.cfg = m
-        self.kernels = kernel_choice.resolve(m)
-        self.router = Router(m, rngs=rngs)
+        self.kernels = kernels
+        self.router = Router(m, kernels, rngs=rngs)
         self.w_in = layers.normal_param(rngs, (e, h, 2 * i), std, pd, ("experts", "embed", "mlp_gate_up"))
         self.w_out = layers.normal_param(rngs, (e, i, h), std, pd, ("experts", "mlp", "embed"))
 

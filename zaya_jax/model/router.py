@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from zaya_jax import kernels
+from zaya_jax.kernels import Kernels
 from zaya_jax.model import layers
 
 
@@ -44,14 +44,14 @@ def choose(probs: jax.Array, bias: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 class Router(nnx.Module):
     """One router per MoE sub-layer. `eda_scale` of the first layer exists (uniform scan) but is dead:
-    the first router is called with a zero incoming state."""
+    the first router is called with a zero incoming state. `kernels`: the model's kernel choice (from `Zaya`)."""
 
-    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    def __init__(self, m: ml_collections.ConfigDict, kernels: Kernels, *, rngs: nnx.Rngs):
         pd, std = layers.dtype_of(m.param_dtype), m.initializer_range
         h, r, classes = m.hidden_size, m.router_hidden_size, m.num_experts + 1
         self.eps = m.rms_norm_eps
         self.dtype = layers.dtype_of(m.dtype)
-        self.kernels = kernels.resolve(m)
+        self.kernels = kernels
         self.w_down = layers.normal_param(rngs, (h, r), std, pd, ("embed", "router"))
         self.b_down = layers.const_param((r,), 0.0, pd, ("router",))
         self.eda_scale = layers.const_param((r,), 1.0, pd, ("router",))

@@ -16,9 +16,9 @@ import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
-from zaya_jax import kernels
 from zaya_jax.config import REMAT_POLICIES as REMAT_NAMES
 from zaya_jax.config import choice_table
+from zaya_jax.kernels import BATCHED_MATMUL, MATMUL, Kernels, resolve, resolved_config
 from zaya_jax.model import cca_context, layers
 from zaya_jax.model.cca import CCA, conv_halo_len
 from zaya_jax.model.moe import EXPERT_WEIGHTS, MoE, MoEStats
@@ -32,11 +32,11 @@ REMAT_POLICIES = choice_table(
         "full": None,
         "dots": jax.checkpoint_policies.save_from_both_policies(
             jax.checkpoint_policies.checkpoint_dots,
-            jax.checkpoint_policies.save_only_these_names(kernels.MATMUL, kernels.BATCHED_MATMUL),
+            jax.checkpoint_policies.save_only_these_names(MATMUL, BATCHED_MATMUL),
         ),
         "dots_no_batch": jax.checkpoint_policies.save_from_both_policies(
             jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-            jax.checkpoint_policies.save_only_these_names(kernels.MATMUL),
+            jax.checkpoint_policies.save_only_these_names(MATMUL),
         ),
     },
 )
@@ -49,13 +49,13 @@ def cca_halo(m: ml_collections.ConfigDict) -> int:
 class DecoderLayer(nnx.Module):
     """One ZAYA1 decoder layer = CCA sub-layer + MoE sub-layer, HF-native bracketing (§2)."""
 
-    def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
+    def __init__(self, m: ml_collections.ConfigDict, kernels: Kernels, *, rngs: nnx.Rngs):
         pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
         self.attn_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
-        self.attn = CCA(m, rngs=rngs)
+        self.attn = CCA(m, kernels, rngs=rngs)
         self.attn_merge = layers.Merge(m.hidden_size, param_dtype=pd)
         self.moe_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
-        self.moe = MoE(m, rngs=rngs)
+        self.moe = MoE(m, kernels, rngs=rngs)
         self.moe_merge = layers.Merge(m.hidden_size, param_dtype=pd)
 
     def __call__(
@@ -121,11 +121,11 @@ def frozen(m: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:
     return m if isinstance(m, ml_collections.FrozenConfigDict) else ml_collections.FrozenConfigDict(m)
 
 
-def _stacked_layers(m: ml_collections.ConfigDict, rngs: nnx.Rngs) -> DecoderLayer:
+def _stacked_layers(m: ml_collections.ConfigDict, kernels: Kernels, rngs: nnx.Rngs) -> DecoderLayer:
     """L independently initialised layers whose variables are stacked along a leading [L] axis."""
     keys = jax.random.split(rngs.params(), m.num_layers)
-    graphdef = nnx.graphdef(abstract_module(lambda: DecoderLayer(m, rngs=nnx.Rngs(0))))
-    state = jax.vmap(lambda k: nnx.state(DecoderLayer(m, rngs=nnx.Rngs(params=k))))(keys)
+    graphdef = nnx.graphdef(abstract_module(lambda: DecoderLayer(m, kernels, rngs=nnx.Rngs(0))))
+    state = jax.vmap(lambda k: nnx.state(DecoderLayer(m, kernels, rngs=nnx.Rngs(params=k))))(keys)
     for var in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, nnx.Variable)):  # one more leading axis
         var.set_metadata(out_sharding=(STACKED_AXIS, *var.get_metadata()["out_sharding"]))
     return nnx.merge(graphdef, state)
@@ -135,16 +135,16 @@ class Zaya(nnx.Module):
     """ZAYA1 causal LM. `model(input_ids)` → logits [B, S, V]; `model.forward(...)` also gives MoE stats."""
 
     def __init__(self, m: ml_collections.ConfigDict, *, rngs: nnx.Rngs):
-        m = kernels.resolved_config(m)  # every module is built with the same concrete kernels
+        m = resolved_config(m)  # the concrete kernel names, for every later reader of the config
         pd, dt = layers.dtype_of(m.param_dtype), layers.dtype_of(m.dtype)
         self.cfg = m
-        self.kernels = kernels.resolve(m)
+        self.kernels = resolve(m)  # the one place the choice is made: every sub-module is handed this
         self.embed = layers.normal_param(
             rngs, (m.vocab_size, m.hidden_size), m.initializer_range, pd, ("vocab", "embed")
         )
         self.in_scale = layers.const_param((m.hidden_size,), 1.0, pd, ("embed",))
         self.in_bias = layers.const_param((m.hidden_size,), 0.0, pd, ("embed",))
-        self.layers = _stacked_layers(m, rngs)
+        self.layers = _stacked_layers(m, self.kernels, rngs)
         self.final_norm = layers.RMSNorm(m.hidden_size, m.rms_norm_eps, param_dtype=pd, dtype=dt)
 
     def embed_tokens(self, input_ids: jax.Array) -> jax.Array:

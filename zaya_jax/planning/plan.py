@@ -40,8 +40,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from zaya_jax.hardware import Hardware, get_hardware
 from zaya_jax.planning import cluster as cluster_lib
-from zaya_jax.planning import hlo_stats, hlo_text, overlap, projection, sizing
+from zaya_jax.planning import hlo_stats, hlo_text, overlap, projection
 from zaya_jax.planning.abstract_step import FAST_COMPILE, lower_train_step
 from zaya_jax.planning.flops import analytic_flops, effective_capacity_factor
 
@@ -77,7 +78,7 @@ def _projections(
     analytic: dict[str, float],
     params: Any,
     n: int,
-    hw: sizing.Hardware,
+    hw: Hardware,
     cluster: cluster_lib.Cluster,
 ) -> dict:
     """The compiled step projected on `cluster` (`projected`), the same layout at the ZeRO-1 minimum with
@@ -150,7 +151,7 @@ def plan(
     Returns a JSON-serialisable dict: setup, memory (per device), flops, collectives, projection, summary
     (the five headline numbers), fits.
     """
-    hw = sizing.get_hardware(hardware)
+    hw = get_hardware(hardware)
     t0 = time.perf_counter()
     lowered, mesh, training = lower_train_step(config, devices)
     abs_state, params = training.state, training.checkpoint_target.params  # run state; per-parameter shapes

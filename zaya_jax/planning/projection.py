@@ -59,10 +59,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from zaya_jax.config import CONTEXT_CHUNKS
+from zaya_jax.hardware import Hardware
 from zaya_jax.keys import leaf_name
 from zaya_jax.model.cca import conv_halo_len
 from zaya_jax.model.moe import capacity
-from zaya_jax.planning import sizing
 from zaya_jax.planning.cluster import Cluster, Stage
 from zaya_jax.train import optimizer as optimizer_lib
 
@@ -250,7 +250,7 @@ def project(
     tokens: float,
     hbm_bytes: float,
     collectives: dict[str, Stage],
-    hw: sizing.Hardware,
+    hw: Hardware,
     cluster: Cluster,
 ) -> dict[str, float]:
     """Per-device step time = compute + memory-bound + collectives (no overlap) and the MFU it implies.

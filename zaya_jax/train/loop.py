@@ -30,10 +30,10 @@ from tqdm import tqdm
 from zaya_jax import kernels
 from zaya_jax.data.corpus import unigram_entropy
 from zaya_jax.data.pipeline import make_iterators
+from zaya_jax.hardware import peak_flops
 from zaya_jax.model.flops import train_flops_per_token
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.planning import sizing
 from zaya_jax.train import health, schedule
 from zaya_jax.train.metrics import MetricWriter, learning_rates, restart_rate_clock
 from zaya_jax.train.microbatch import BATCH_KEYS, micro_loss
@@ -77,7 +77,7 @@ def evaluate(eval_step, state, eval_iter, mesh, global_batch: int, num_batches: 
 
 MEASURE_PEAK_HINT = (
     "MFU is not reported: no peak for device kind {kind!r} in the hardware table "
-    "(zaya_jax.planning.sizing.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
+    "(zaya_jax.hardware.HARDWARE). Measure one with `python -m launch.bench --suite=gemm` (the largest "
     "square GEMM's tflops_best, in TFLOP/s) and pass it as --config.train.peak_tflops=<value>"
 )
 
@@ -86,11 +86,11 @@ def mesh_peak_flops(config: ml_collections.ConfigDict) -> float | None:
     """Peak FLOP/s of all the devices the step runs on, the denominator of MFU (no benchmark is run).
 
     Per device: `train.peak_tflops` when > 0, else the hardware table for the device kind and `model.dtype`
-    (`zaya_jax.planning.sizing.peak_flops`); None when neither is known (CPU). Accelerators count every device; emulated
+    (`zaya_jax.hardware.peak_flops`); None when neither is known (CPU). Accelerators count every device; emulated
     CPU devices share their host's cores, so on CPU a (measured) peak counts once per process.
     """
     device = jax.devices()[0]
-    peak = float(config.train.peak_tflops) * 1e12 or sizing.peak_flops(device.device_kind, config.model.dtype)
+    peak = float(config.train.peak_tflops) * 1e12 or peak_flops(device.device_kind, config.model.dtype)
     if not peak:
         return None
     return peak * (jax.process_count() if device.platform == "cpu" else jax.device_count())
@@ -112,7 +112,6 @@ def train(
 ) -> dict:
     """Run training; returns {'final_loss', 'eval_loss', 'steps', 'tokens_per_s', ...}."""
     t, hooks = config.train, hooks or []
-    sizing.warn_model(config.model)
     mesh = make_mesh(config)
     train_iter, eval_iter, data_dirs = make_iterators(config)
     training = prepare(config, mesh)

@@ -1,16 +1,16 @@
-"""The micro-batch loop that every train step runs, and what the step does with its totals at the end.
+"""The micro-batch loop that every train step runs: gradients and totals summed over micro-batches.
 
 `accumulate` splits the global batch into `train.microbatches` micro-batches and runs one `lax.scan` over them:
 each micro-batch's forward/backward adds its gradients to an fp32 accumulator, and its loss sums and router
 statistics to `Totals`. One micro-batch is the same loop run once: XLA removes a one-trip loop (the compiled
 tiny GSPMD step has the same loops and instruction count as a step without it). How a
 gradient is summed is the caller's: the GSPMD step (`zaya_jax.train.step`) adds parameter-shaped trees, the
-ZeRO-1 step (`zaya_jax.train.zero1_step`) adds into its owner layout. No collective runs per micro-batch.
+ZeRO-1 step (`zaya_jax.train.zero1.step`) adds into its owner layout. No collective runs per micro-batch.
 
 The loss is a token mean over the *global* batch: summed cross-entropies and token counts are accumulated over
 micro-batches (and, in ZeRO-1, over devices) and divided once at the end, so the result does not depend on the
-micro-batch split or the mesh (up to float reduction order). `balance_and_metrics` then runs the balancing
-controller on the global expert counts (arXiv 2511.17127 §4 router balancing) and builds the step's metrics.
+micro-batch split or the mesh (up to float reduction order). At the step's end `zaya_jax.train.step_metrics`
+turns the totals into the balancing update and the metrics.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from flax import nnx
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import active_mesh, in_manual_region
-from zaya_jax.train import balancing
 from zaya_jax.train.loss import LossSums, chunked_objective
 
 BATCH_KEYS = ("input_ids", "labels", "loss_mask")
@@ -51,18 +50,6 @@ class Totals(NamedTuple):
         """These totals with one more micro-batch's LossSums and MoEStats added."""
         loss = jax.tree.map(jnp.add, self.loss, sums)
         return Totals(loss, self.counts + stats.counts, self.dropped + stats.dropped)
-
-
-def step_on_mesh(jitted: Callable, mesh) -> Callable:
-    """`step(state, batch)`: `jitted(state, batch)` called under `mesh` with only the batch's BATCH_KEYS arrays
-    (a loader's batch may carry more); `step.jitted` is the jitted function itself (for `.lower()`)."""
-
-    def step(state, batch):
-        with jax.set_mesh(mesh):
-            return jitted(state, {k: batch[k] for k in BATCH_KEYS})
-
-    step.jitted = jitted
-    return step
 
 
 def micro_split(batch: dict, microbatches: int) -> dict:
@@ -139,28 +126,3 @@ def accumulate(
         return jax.lax.scan(body(add_grads), carry, micro)[0]
     carry, _ = jax.lax.scan(body(add_grads), carry, jax.tree.map(lambda x: x[:-1], micro))
     return body(add_last)(carry, jax.tree.map(lambda x: x[-1], micro))[0]
-
-
-def balance_and_metrics(
-    biases, bal_state, totals: Totals, grad_norm: jax.Array, config: ml_collections.ConfigDict, lr: jax.Array | None
-):
-    """The balancing-controller update from the global counts [L, E+1] and the step's metrics.
-    Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1] arrays)."""
-    bal_metrics = balancing.load_metrics(totals.counts)
-    if config.balancing.enabled:
-        old = jax.tree.leaves(biases)[0]
-        new_bias, bal_state, bal_metrics = balancing.update_biases(bal_state, totals.counts, config.balancing)
-        biases = jax.tree.map(lambda _: new_bias.astype(old.dtype), biases)
-    sums = totals.loss
-    n = jnp.maximum(sums.tokens, 1.0)
-    metrics = {
-        "loss": sums.ce / n,
-        "z_loss": sums.z / n,
-        "tokens": sums.tokens,
-        "grad_norm": grad_norm,
-        "dropped_fraction": balancing.dropped_fraction(totals.dropped, totals.counts),
-        **bal_metrics,
-    }
-    if lr is not None:
-        metrics["lr"] = lr
-    return biases, bal_state, metrics

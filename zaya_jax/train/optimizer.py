@@ -37,7 +37,7 @@ model's compute dtype) and fp32 accumulation, like every other matmul of a step.
 
 This module is the per-parameter optimizer (an optax transformation over the parameter tree): the
 `fsdp` / `replicated` steps use it directly, checkpoints store its state layout, and it is the reference
-the ZeRO-1 step's distributed optimizer (`zaya_jax.train.zero1`, where each device updates only the
+the ZeRO-1 step's distributed optimizer (`zaya_jax.train.zero1.update`, where each device updates only the
 matrices and elements it owns) is tested against.
 """
 

@@ -3,7 +3,7 @@
 `prepare(config, mesh)` is what the training loop (and tests) call; `prepare_abstract` gives the same with
 `jax.ShapeDtypeStruct` leaves (nothing allocated) for the planner. `train.param_sharding`:
 
-* `zero1` (default; arXiv 2511.17127 §2): `zaya_jax.train.zero1_step` — replicated compute-dtype parameters,
+* `zero1` (default; arXiv 2511.17127 §2): `zaya_jax.train.zero1.step` — replicated compute-dtype parameters,
   gradients reduce-scattered to their owners, distributed Muon, parameters all-gathered. Checkpoints hold the
   canonical per-parameter state (`Training.to_checkpoint` / `from_checkpoint` convert).
 * `fsdp` / `replicated`: `zaya_jax.train.step` under GSPMD on the per-parameter state itself.
@@ -16,11 +16,12 @@ from typing import Any, Callable, NamedTuple
 import ml_collections
 from jax.sharding import Mesh
 
-from zaya_jax.train import schedule, zero1_state
+from zaya_jax.train import schedule
 from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import abstract_train_state, create_train_state
 from zaya_jax.train.step import make_train_step
-from zaya_jax.train.zero1_step import make_zero1_train_step
+from zaya_jax.train.zero1 import state as zero1_state
+from zaya_jax.train.zero1.step import make_zero1_train_step
 
 
 class Training(NamedTuple):
@@ -31,7 +32,7 @@ class Training(NamedTuple):
     checkpoint_target: Any  # abstract canonical TrainState with shardings: what checkpoints store / restore into
     to_checkpoint: Callable  # state -> canonical TrainState
     from_checkpoint: Callable  # canonical TrainState -> state
-    zero1: Any = None  # zaya_jax.train.zero1_state.Zero1Setup of a ZeRO-1 run (owner layouts, shardings)
+    zero1: Any = None  # zaya_jax.train.zero1.state.Zero1Setup of a ZeRO-1 run (owner layouts, shardings)
 
 
 def _identity(x):

@@ -3,7 +3,7 @@
 `TrainState` is the *canonical* state: parameters in `model.param_dtype` and the optax state of
 `zaya_jax.train.optimizer.make_optimizer`, every leaf a global array shaped like its parameter. The `fsdp` and
 `replicated` steps train on it directly; checkpoints of every mode store it (the ZeRO-1 step converts to and
-from its owner layout, `zaya_jax.train.zero1`), so Orbax can restore a run onto any mesh.
+from its owner layout, `zaya_jax.train.zero1.layout`), so Orbax can restore a run onto any mesh.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The GSPMD train step (`train.param_sharding` = `fsdp` | `replicated`): XLA partitions one global program
-by the parameter and batch shardings. The micro-batch loop, the loss and the closing balancing update are
-`zaya_jax.train.microbatch`'s, shared with the ZeRO-1 step (the default, `zaya_jax.train.zero1_step`).
+by the parameter and batch shardings. The micro-batch loop and the loss (`zaya_jax.train.microbatch`) and the
+closing balancing update and metrics (`zaya_jax.train.step_metrics`) are shared with the ZeRO-1 step (the
+default, `zaya_jax.train.zero1`).
 
 `make_train_step` returns a function `step(state, batch) -> (state, metrics)` jitted with explicit
 in/out shardings and the state donated.
@@ -18,9 +19,11 @@ from jax.sharding import Mesh, NamedSharding
 
 from zaya_jax.parallel import sharding
 from zaya_jax.train import microbatch
-from zaya_jax.train.microbatch import BATCH_KEYS, balance_and_metrics, micro_loss
+from zaya_jax.train.microbatch import BATCH_KEYS, micro_loss
 from zaya_jax.train.optimizer import global_norm
 from zaya_jax.train.state import TrainState
+from zaya_jax.train.step_metrics import balance_and_metrics
+from zaya_jax.train.step_wrapper import step_on_mesh
 
 
 def loss_and_grads(graphdef, params, biases, batch: dict, config: ml_collections.ConfigDict):
@@ -73,4 +76,4 @@ def make_train_step(
         out_shardings=(state_shardings, None),
         donate_argnums=(0,),
     )
-    return microbatch.step_on_mesh(fn, mesh)
+    return step_on_mesh(fn, mesh)

@@ -15,7 +15,8 @@ import jax
 
 from zaya_jax.bench.gpu_check.cases import ConfigRef
 from zaya_jax.bench.gpu_check.report import Section, sig
-from zaya_jax.planning import hlo_text, sizing
+from zaya_jax.hardware import get_hardware, hardware_for_device
+from zaya_jax.planning import hlo_text
 from zaya_jax.planning.abstract_step import FAST_COMPILE, lower_train_step, planning_config
 from zaya_jax.planning.plan import compiled_memory
 
@@ -24,7 +25,7 @@ GiB = 2**30
 
 def hardware_name() -> str:
     """The hardware-table entry of this device (the planner's capacity and peaks); MI300X when unknown."""
-    hw = sizing.hardware_for_device(jax.devices()[0].device_kind)
+    hw = hardware_for_device(jax.devices()[0].device_kind)
     return hw.name.lower() if hw is not None else "mi300x"
 
 
@@ -51,7 +52,7 @@ def planned_memory(config: ConfigRef, hardware: str) -> dict:
     return {
         "peak": mem["peak"],
         "peak_without_cpu_copies": mem["peak"] - copies,
-        "usable": 0.95 * sizing.get_hardware(hardware).memory_bytes,
+        "usable": 0.95 * get_hardware(hardware).memory_bytes,
         "plan_s": seconds,
     }
 

@@ -1,5 +1,5 @@
 """Section 2: bf16 GEMM peak and HBM bandwidth, by the project's microbenchmarks (`zaya_jax.bench.gemm`,
-`zaya_jax.bench.membw`), next to the device's data-sheet figures (`zaya_jax.planning.sizing.HARDWARE`).
+`zaya_jax.bench.membw`), next to the device's data-sheet figures (`zaya_jax.hardware.HARDWARE`).
 
 The measured GEMM peak is the achievable ceiling section 4 computes one of its two MFUs against.
 """
@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from zaya_jax.bench import gemm, membw
 from zaya_jax.bench.gpu_check.report import Section, sig
-from zaya_jax.planning import sizing
+from zaya_jax.hardware import hardware_for_device, peak_flops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +32,7 @@ SMOKE_PEAKS = PeakSizes(gemm_sizes=(128, 256), membw_bytes=1 << 20, warmup=1, tr
 def datasheet_peak() -> float | None:
     """Dense bf16 FLOP/s of this device from the hardware table (H100 / H200 989, MI300X 1307 TFLOP/s); None
     for devices it does not know (CPU)."""
-    return sizing.peak_flops(jax.devices()[0].device_kind, "bfloat16")
+    return peak_flops(jax.devices()[0].device_kind, "bfloat16")
 
 
 def run(section: Section, sizes: PeakSizes) -> float:
@@ -47,7 +47,7 @@ def run(section: Section, sizes: PeakSizes) -> float:
     if sheet:
         section.add("gemm bf16 peak", "datasheet", sig(sheet / 1e12), "TFLOP/s")
         section.add("gemm bf16 peak", "fraction_of_datasheet", sig(best / sheet))
-    hw = sizing.hardware_for_device(jax.devices()[0].device_kind)
+    hw = hardware_for_device(jax.devices()[0].device_kind)
     rows = membw.benchmark(
         ("copy", "triad"),
         min_bytes=sizes.membw_bytes,

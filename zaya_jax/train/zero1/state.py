@@ -1,5 +1,5 @@
 """ZeRO-1 state and its checkpoint form (arXiv 2511.17127 §2; docs/parallelism.md): the arrays the step carries,
-split over the devices by the owner layouts of `zaya_jax.train.zero1`, and their conversion to and from the
+split over the devices by the owner layouts of `zaya_jax.train.zero1.layout`, and their conversion to and from the
 per-parameter `TrainState` that checkpoints hold.
 
     Zero1State.params   nnx.State in the compute dtype (`model.dtype`): what forward/backward read, replicated
@@ -29,7 +29,15 @@ from zaya_jax.keys import path_name
 from zaya_jax.parallel import sharding
 from zaya_jax.train import optimizer as optimizer_lib
 from zaya_jax.train.state import TrainState, abstract_train_state, canonical_builder, split_model
-from zaya_jax.train.zero1 import Arrays, Zero1Layout, build_layout, fill, named_leaves, pack_global, unpack_global
+from zaya_jax.train.zero1.layout import (
+    Arrays,
+    Zero1Layout,
+    build_layout,
+    fill,
+    named_leaves,
+    pack_global,
+    unpack_global,
+)
 
 
 class GroupState(NamedTuple):

@@ -1,8 +1,8 @@
 """The ZeRO-1 optimizer update on one device, inside the train step's `shard_map` over all mesh axes
 (arXiv 2511.17127 §2: ZeRO-1 distributed optimizer, distributed Muon; docs/parallelism.md).
 
-It runs between the step's reduce-scatter and all-gather (`zaya_jax.train.zero1_step`). Per group
-(`zaya_jax.train.zero1`), with s owner slots of S elements and C flat elements on each device, given the mean
+It runs between the step's reduce-scatter and all-gather (`zaya_jax.train.zero1.step`). Per group
+(`zaya_jax.train.zero1.layout`), with s owner slots of S elements and C flat elements on each device, given the mean
 gradients of exactly what the device owns ([s, S] and [C], fp32):
 
 1. global-norm clipping (one scalar all-reduce over every device);
@@ -24,10 +24,10 @@ import jax.numpy as jnp
 import ml_collections
 
 from zaya_jax.parallel.mesh import AXES
-from zaya_jax.parallel.owners import EMPTY, FlatLayout, SlotLayout
 from zaya_jax.train import optimizer as optimizer_lib
-from zaya_jax.train.zero1 import Group
-from zaya_jax.train.zero1_state import GroupState
+from zaya_jax.train.zero1.layout import Group
+from zaya_jax.train.zero1.owners import EMPTY, FlatLayout, SlotLayout
+from zaya_jax.train.zero1.state import GroupState
 
 
 def group_index(group: Group) -> jax.Array:

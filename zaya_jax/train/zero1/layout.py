@@ -3,13 +3,13 @@ optimizer work, and how gradients and weights are packed for the step's reduce-s
 
 Parameters replicated over the same devices form a `Group` (per group: the devices `axes`, and `outer`, the
 axes that split its parameters, e.g. `expert` for the routed experts under expert parallelism). Each group
-has two layouts (`zaya_jax.parallel.owners`): Muon matrices in owner *slots* [n·s, S] (n devices, s slots of
+has two layouts (`zaya_jax.train.zero1.owners`): Muon matrices in owner *slots* [n·s, S] (n devices, s slots of
 S elements each; every matrix in exactly one slot, so one device orthogonalises it) and the elementwise AdamW
 leaves *flat* [n·C].
 
 `pack_*` / `unpack_*` move between parameter-shaped trees and the layouts. On one device's local arrays
-(inside the train step's `shard_map`, `zaya_jax.train.zero1_step`) they build the reduce-scatter input and read
-the all-gather output; on global arrays (`*_global`) they convert whole states (`zaya_jax.train.zero1_state`).
+(inside the train step's `shard_map`, `zaya_jax.train.zero1.step`) they build the reduce-scatter input and read
+the all-gather output; on global arrays (`*_global`) they convert whole states (`zaya_jax.train.zero1.state`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from zaya_jax.model.layers import dtype_of
 from zaya_jax.model.zaya import STACKED_AXIS
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
-from zaya_jax.parallel.owners import FlatLayout, Matrix, SlotLayout, overlap_chunks
 from zaya_jax.train import optimizer as optimizer_lib
+from zaya_jax.train.zero1.owners import FlatLayout, Matrix, SlotLayout, overlap_chunks
 
 Arrays = dict[str, jax.Array]  # parameter path name → array
 
@@ -137,7 +137,7 @@ def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any)
 
 def layer_chunks(config: ml_collections.ConfigDict, groups: list[Group]) -> int:
     """C layer chunks of the owner layouts: > 1 only when the step reduce-scatters inside the backward layer
-    loop (`train.overlap_collectives` with `model.remat=full`, `zaya_jax.train.fused_backward`) and some chunking
+    loop (`train.overlap_collectives` with `model.remat=full`, `zaya_jax.train.zero1.fused_backward`) and some chunking
     costs little padding (`owners.overlap_chunks`)."""
     with_slots = [g.slots for g in groups if g.slots.num_bins]
     if not (config.train.overlap_collectives and config.model.remat == "full" and with_slots):

@@ -5,7 +5,7 @@ compute dtype, which the step then packs into its fp32 reduce-scatter buffers: b
 micro-batches a third, gradient-sized accumulator too. Here the layer stack is a `jax.custom_vjp` whose
 backward pass walks the layers in reverse, recomputes each layer's forward (what remat=full does anyway), and
 adds the layer's parameter gradients in fp32 straight into the *sinks* — the owner-layout slot buffer
-(rows [l·B, (l+1)·B) of layer l, `zaya_jax.train.zero1`) and [L, ...] buffers for the layer's small
+(rows [l·B, (l+1)·B) of layer l, `zaya_jax.train.zero1.layout`) and [L, ...] buffers for the layer's small
 elementwise leaves — in place. Accumulation over micro-batches is the same sinks carried from one backward
 pass to the next (Megatron's fused gradient accumulation, arXiv 2511.17127 §2's ZeRO-1 setting).
 
@@ -14,7 +14,7 @@ gradients; the stacked parameters themselves get no cotangent (the caller differ
 sinks and the non-layer parameters only).
 
 *Scattering* pass (`train.overlap_collectives`, the last micro-batch; the owner layouts have C > 1 layer
-chunks, `zaya_jax.parallel.owners`): the backward walks the chunks in reverse, and after each chunk's k layers
+chunks, `zaya_jax.train.zero1.owners`): the backward walks the chunks in reverse, and after each chunk's k layers
 have added their gradients into the sinks (the earlier micro-batches' sums folded in), reduce-scatters that
 chunk's rows in `train.grad_reduce_dtype` — inside the layer loop, where XLA's latency-hiding scheduler can
 run it alongside the next chunk's backward (Megatron's `overlap_grad_reduce`). The "gradient" of a second
@@ -32,8 +32,8 @@ from flax import nnx
 
 from zaya_jax.keys import path_name
 from zaya_jax.model.layers import BalancingBias
-from zaya_jax.train.zero1 import layer_bins
-from zaya_jax.train.zero1_state import Zero1Setup
+from zaya_jax.train.zero1.layout import layer_bins
+from zaya_jax.train.zero1.state import Zero1Setup
 
 LAYERS = "layers"  # name of the stacked layer module inside Zaya (parameter paths start with "layers/")
 

@@ -3,17 +3,18 @@ docs/parallelism.md): one `jax.shard_map` over every mesh axis, so each collecti
 bottom, per device:
 
 1. `local_grads`: forward/backward of the device's batch shard with the replicated compute-dtype parameters
-   (`Zero1State.params`), micro-batches summed locally in fp32 in the owner layout (`zaya_jax.train.zero1`)
+   (`Zero1State.params`), micro-batches summed locally in fp32 in the owner layout (`zaya_jax.train.zero1.layout`)
    by the shared micro-batch loop (`zaya_jax.train.microbatch`), so no collective runs per micro-batch;
    with `model.remat=full` the backward pass itself adds each layer's gradients into the layout
-   (`zaya_jax.train.fused_backward`);
+   (`zaya_jax.train.zero1.fused_backward`);
 2. `reduce_scatter`: the packed gradients in `train.grad_reduce_dtype` to their owners (with
    `train.overlap_collectives`, the Muon matrices' rows chunk by chunk of layers inside the last
    micro-batch's backward pass already); loss sums, expert counts and dropped counts are all-reduced (small);
-3. the owners' update (`zaya_jax.train.distributed_optimizer`: clipping, distributed Muon, AdamW) on fp32
+3. the owners' update (`zaya_jax.train.zero1.update`: clipping, distributed Muon, AdamW) on fp32
    master weights;
 4. `all_gather`: the updated parameters in the compute dtype, written into the (donated) previous ones; then
-   the balancing controller's update (replicated, from the global counts).
+   the balancing controller's update and the metrics (replicated, from the global counts;
+   `zaya_jax.train.step_metrics`).
 
 Context parallelism (CP halos, K/V all-gather) and expert parallelism (all-to-all) run inside the model as
 explicit per-device collectives (`zaya_jax.parallel.mesh.in_manual_region`).
@@ -35,11 +36,14 @@ from zaya_jax import kernels
 from zaya_jax.model.layers import dtype_of
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
-from zaya_jax.train import distributed_optimizer as dist
-from zaya_jax.train import fused_backward, microbatch, schedule
-from zaya_jax.train.fused_backward import LAYERS
-from zaya_jax.train.microbatch import BATCH_KEYS, Totals, balance_and_metrics, micro_loss
-from zaya_jax.train.zero1 import (
+from zaya_jax.train import microbatch, schedule
+from zaya_jax.train.microbatch import BATCH_KEYS, Totals, micro_loss
+from zaya_jax.train.step_metrics import balance_and_metrics
+from zaya_jax.train.step_wrapper import step_on_mesh
+from zaya_jax.train.zero1 import fused_backward
+from zaya_jax.train.zero1 import update as dist
+from zaya_jax.train.zero1.fused_backward import LAYERS
+from zaya_jax.train.zero1.layout import (
     Group,
     fill,
     local_shapes,
@@ -49,7 +53,7 @@ from zaya_jax.train.zero1 import (
     unpack_flat,
     unpack_slots,
 )
-from zaya_jax.train.zero1_state import GroupState, Zero1Setup, Zero1State
+from zaya_jax.train.zero1.state import GroupState, Zero1Setup, Zero1State
 
 Packed = list[tuple[jax.Array, jax.Array]]  # per group (Muon slots [rows, S], AdamW flat [n·C])
 
@@ -267,7 +271,7 @@ def make_zero1_train_step(
     fn = jax.jit(
         body, in_shardings=(setup.shardings, batch_sharding), out_shardings=(setup.shardings, None), donate_argnums=(0,)
     )
-    return microbatch.step_on_mesh(fn, mesh)
+    return step_on_mesh(fn, mesh)
 
 
 def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigDict, mesh: Mesh):
@@ -282,4 +286,4 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
         return totals.loss.ce / n, grads, totals.counts, totals.dropped
 
     body, _ = _shard_mapped(local, setup, mesh, lambda specs: (P(), specs.params, P(), P()))
-    return microbatch.step_on_mesh(jax.jit(body), mesh)
+    return step_on_mesh(jax.jit(body), mesh)

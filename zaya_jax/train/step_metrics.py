@@ -1,0 +1,40 @@
+"""What every train step does at its end, from the totals of its micro-batch loop (`zaya_jax.train.microbatch`):
+the balancing controller's update from the global expert counts (arXiv 2511.17127 §4 router balancing;
+`zaya_jax.train.balancing`) and the step's metrics (loss and z-loss as token means over the global batch,
+gradient norm, load and dropped fractions). Shared by the GSPMD step (`zaya_jax.train.step`) and the ZeRO-1
+step (`zaya_jax.train.zero1.step`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from zaya_jax.train import balancing
+from zaya_jax.train.microbatch import Totals
+
+
+def balance_and_metrics(
+    biases, bal_state, totals: Totals, grad_norm: jax.Array, config: ml_collections.ConfigDict, lr: jax.Array | None
+):
+    """The balancing-controller update from the global counts [L, E+1] and the step's metrics.
+    Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1] arrays)."""
+    bal_metrics = balancing.load_metrics(totals.counts)
+    if config.balancing.enabled:
+        old = jax.tree.leaves(biases)[0]
+        new_bias, bal_state, bal_metrics = balancing.update_biases(bal_state, totals.counts, config.balancing)
+        biases = jax.tree.map(lambda _: new_bias.astype(old.dtype), biases)
+    sums = totals.loss
+    n = jnp.maximum(sums.tokens, 1.0)
+    metrics = {
+        "loss": sums.ce / n,
+        "z_loss": sums.z / n,
+        "tokens": sums.tokens,
+        "grad_norm": grad_norm,
+        "dropped_fraction": balancing.dropped_fraction(totals.dropped, totals.counts),
+        **bal_metrics,
+    }
+    if lr is not None:
+        metrics["lr"] = lr
+    return biases, bal_state, metrics
