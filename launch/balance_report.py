@@ -32,6 +32,8 @@ def main(argv):
         if not sep or not label or not workdir:
             cli.fail("balance_report", f"--runs entry {item!r} is not label=workdir, e.g. --runs=old=runs/a,new=runs/b")
         runs[label] = workdir
+    if _OUT.value:
+        cli.check_out_dir("balance_report", _OUT.value, "the report")
     try:
         summary = report(runs, _OUT.value, last=_LAST.value, title=_TITLE.value)
     except (OSError, ValueError) as err:

@@ -274,6 +274,7 @@ def main(argv: list[str]) -> None:
         cli.fail("bench", f"--suite={FLAGS.suite!r}; choose one of {sorted(SUITES)}")
     if FLAGS.out is None:
         cli.fail("bench", "--out is required, e.g. --out=benchmarks/" + FLAGS.suite)
+    cli.check_out_dir("bench", FLAGS.out, "the results")
     if FLAGS.cpu_devices is None:
         cpu_devices.emulate(1 if FLAGS.suite in ONE_DEVICE_SUITES else 8, explicit=False)
     if FLAGS.suite == "compile":

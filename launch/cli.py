@@ -69,6 +69,21 @@ def fail(prog: str, message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     sys.exit(code)
 
 
+def check_out_dir(prog: str, path: str, what: str = "the output") -> str:
+    """`--out` of a launcher, checked before any work (one line, exit 78): not an existing file, and a folder that
+    can be made and written (its nearest existing ancestor is a writable folder). Nothing is created here, so a
+    refused command leaves the user's folders as they were. Returns the absolute path."""
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path) and not os.path.isdir(path):
+        fail(prog, f"--out={path} is an existing file; give a folder for {what}")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        fail(prog, f"--out={path}: {parent} is not a writable folder; give a folder {what} can be written to")
+    return path
+
+
 def fail_now(prog: str, err: BaseException) -> NoReturn:
     """`fail` for an error after which the process must not wait for its threads (a failed checkpoint write leaves
     Orbax threads waiting minutes for signals that never come): report `err` as `run` would, flush, `os._exit`.

@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 
+from launch import cli
 from zaya_jax.parallel.mesh import AXES
 
 SWEEP_FLAGS = ("sweep", "out", "mesh", "cpu_devices")  # set per point; everything else is passed through
@@ -79,17 +80,6 @@ def parse_sweep(text: str) -> list[dict[str, int]]:
                 f"{', '.join(AXES)} and a size >= 1"
             )
     return points
-
-
-def check_out_dir(out_dir: str) -> None:
-    """`--out` of a sweep: a folder (new or existing) whose nearest existing ancestor is writable; ValueError."""
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise ValueError(f"--out={out_dir} exists and is not a directory; pass a folder for the sweep's files")
-    probe = os.path.abspath(out_dir)
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe) or not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"--out={out_dir}: {probe} is not a writable directory")
 
 
 def mesh_text(point: dict[str, int]) -> str:
@@ -214,7 +204,7 @@ def write_png(rows: list[dict], path: str, title: str) -> None:
 def run_sweep(text: str, argv: list[str], out_dir: str, gpus_per_node: int, title: str) -> list[dict]:
     """Plan every point of `text`, write sweep.csv and sweep.png into out_dir; returns the CSV rows."""
     points = parse_sweep(text)
-    check_out_dir(out_dir)
+    cli.check_out_dir("plan", out_dir, "the sweep's files")
     os.makedirs(out_dir, exist_ok=True)
     rows = []
     for point in points:
