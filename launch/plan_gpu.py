@@ -5,7 +5,6 @@ process (`launch.gpu_compile_job`), its peak per device beside the planner's est
 from __future__ import annotations
 
 import copy
-import tempfile
 
 from launch.gpu_compile_job import run_in_child
 
@@ -38,8 +37,7 @@ def gpu_compiled(cfg, result: dict, target, per_node: int) -> None:
     planned = copy.deepcopy(cfg)
     with planned.unlocked():
         planned.model.remat = result["setup"]["remat"]
-    with tempfile.TemporaryDirectory(prefix="plan_gpu_") as work:
-        compiled = run_in_child(planned, target, nodes, gpus, work)
+    compiled = run_in_child(planned, target, nodes, gpus)
     result["gpu_compiled"] = compiled
     if compiled["ok"]:
         result["memory"]["peak_gpu_compiled"] = compiled["memory"]["peak"]
