@@ -145,6 +145,29 @@ def test_plan_target_usage_error():
     assert "--target: unknown GPU target 'a100'" in proc.stderr
 
 
+def test_launchers_drop_the_gpu_plugins_noise_on_a_host_without_that_gpu(monkeypatch):
+    """With the extra on a CPU host the CUDA plugin's initialize() fails (cuInit 303) and the ROCm plugin finds no
+    AMD GPU: jax logs both with a traceback; the launchers' filter drops them only when that GPU is absent."""
+    import logging
+
+    from jax._src import hardware_utils
+
+    from launch.cli import _NoTpuProbe
+
+    def record(plugin: str, error: Exception) -> logging.LogRecord:
+        msg = "Jax plugin configuration error: Exception when calling %s.initialize()"
+        return logging.LogRecord("jax._src.xla_bridge", logging.ERROR, "x", 1, msg, (plugin,), (None, error, None))
+
+    cuda = record("jax_plugins.xla_cuda12", RuntimeError("operation cuInit(0) failed: Unknown CUDA error 303"))
+    rocm = record("jax_plugins.xla_rocm7", RuntimeError("No AMD GPUs were found"))
+    probe = _NoTpuProbe()
+    monkeypatch.setattr(hardware_utils, "has_visible_nvidia_gpu", lambda: False)
+    assert not probe.filter(cuda) and not probe.filter(rocm)
+    monkeypatch.setattr(hardware_utils, "has_visible_nvidia_gpu", lambda: True)
+    assert probe.filter(cuda)  # on an NVIDIA host the failure is real: it is shown
+    assert probe.filter(record("jax_plugins.xla_rocm7", RuntimeError("hipErrorNoBinaryForGpu")))
+
+
 # ------------------------------------------------------------------- the real GPU compiler (the extra)
 def _needs_extra(platform: str):
     reason = gpu_target.missing_extra(platform)
