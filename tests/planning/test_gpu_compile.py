@@ -145,6 +145,23 @@ def test_plan_target_usage_error():
     assert "--target: unknown GPU target 'a100'" in proc.stderr
 
 
+def test_topology_devices_refuses_a_process_that_may_start_a_gpu_backend():
+    """Without JAX_PLATFORMS=cpu, jax.devices() would start a real GPU's backend: one line, before any jax work."""
+    code = (
+        "from zaya_jax.config import ConfigError\n"
+        "from zaya_jax.planning import gpu_target\n"
+        "try:\n    gpu_target.topology_devices(gpu_target.get_target('h100'))\n"
+        "except ConfigError as err:\n    print(err)\n"
+        "import sys; print('backends:', 'jax._src.xla_bridge' in sys.modules and "
+        "bool(sys.modules['jax._src.xla_bridge']._backends))"
+    )
+    env = {k: v for k, v in ENV.items() if k != "JAX_PLATFORMS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("compiling for h100 needs a process with JAX_PLATFORMS=cpu (here: unset)"), proc
+    assert lines[1] == "backends: False"
+
+
 def test_launchers_drop_the_gpu_plugins_noise_on_a_host_without_that_gpu(monkeypatch):
     """With the extra on a CPU host the CUDA plugin's initialize() fails (cuInit 303) and the ROCm plugin finds no
     AMD GPU: jax logs both with a traceback; the launchers' filter drops them only when that GPU is absent."""

@@ -147,7 +147,9 @@ def compile_step(
     """Compile `config`'s train step (mesh `config.mesh`, which must use nodes × gpus_per_node devices; default
     gpus_per_node: the mesh size when nodes == 1, else 8) for `target`; see the module docstring. A compile
     that fails returns ok=False with the error's first line (a crash inside XLA ends the process: run it in a
-    child process to survive one, as `launch.gpu_check` does)."""
+    child process to survive one, as `launch.gpu_check` does). Raises a one-line ConfigError for an unknown target
+    or when the compile-only devices cannot be made (`gpu_target.topology_devices`: a process with
+    JAX_PLATFORMS=cpu and the `gpu-compile` extra)."""
     target = gpu_target.get_target(target) if isinstance(target, str) else target
     n_mesh = 1
     for axis in ("data", "context", "expert"):

@@ -150,10 +150,19 @@ def env_xla_flags(platform: str, extra: tuple[str, ...] = ()) -> str:
 
 def topology_devices(target: GpuTarget, nodes: int = 1, gpus_per_node: int = 8) -> list:
     """Compile-only devices of `nodes` × `gpus_per_node` GPUs of `target` (on any host; ROCm on a host without an
-    AMD GPU loads `rocm_standins`). Raises ConfigError when the `gpu-compile` extra is missing."""
+    AMD GPU loads `rocm_standins`). Only in a process whose jax platforms are cpu alone (JAX_PLATFORMS=cpu, as
+    `launch.gpu_compile_job` starts one): elsewhere `jax.devices()` would start a real GPU backend first. Raises a
+    one-line ConfigError when the platforms are not cpu-only, the `gpu-compile` extra is missing or the plugin
+    cannot describe the topology."""
     import jax
     from jax.experimental import topologies
 
+    platforms = [p.strip() for p in (jax.config.jax_platforms or "").split(",") if p.strip()]
+    if platforms != ["cpu"]:
+        raise ConfigError(
+            f"compiling for {target.name} needs a process with JAX_PLATFORMS=cpu (here: "
+            f"{','.join(platforms) or 'unset'}); use launch.gpu_check --compile or launch.gpu_compile_job"
+        )
     reason = missing_extra(target.platform)
     if reason:
         raise ConfigError(reason)
@@ -167,9 +176,15 @@ def topology_devices(target: GpuTarget, nodes: int = 1, gpus_per_node: int = 8) 
             rocm_standins.register_compile_only_plugin()
         except rocm_standins.StandinError as err:
             raise ConfigError(f"compiling for {target.name}: {err}") from err
-    topo = topologies.get_topology_desc(
-        platform=target.platform, target_config=target_config(target), topology=f"1x{nodes}x{gpus_per_node}"
-    )
+    try:
+        topo = topologies.get_topology_desc(
+            platform=target.platform, target_config=target_config(target), topology=f"1x{nodes}x{gpus_per_node}"
+        )
+    except Exception as err:  # noqa: BLE001 - jaxlib raises JaxRuntimeError / RuntimeError; one line for the caller
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(
+            f"describing {nodes} x {gpus_per_node} {target.name} GPUs: {type(err).__name__}: {first}"
+        ) from err
     return list(topo.devices)
 
 
