@@ -27,13 +27,17 @@ def format_gpu_compiled(r: dict) -> list[str]:
     ]
 
 
+def topology(n: int, per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of `n` devices on nodes of `per_node` GPUs; ValueError when they do not fill nodes."""
+    if n > per_node and n % per_node:
+        raise ValueError(f"--target: {n} devices do not fill nodes of --gpus_per_node={per_node}")
+    return (1, n) if n <= per_node else (n // per_node, per_node)
+
+
 def gpu_compiled(cfg, result: dict, target, per_node: int) -> None:
     """Compile the planned step (with the remat the plan chose) for `target` in a child process
     (`launch.gpu_compile_job`); result["gpu_compiled"] gets its figures and result["fits"] its verdict."""
-    n = result["setup"]["devices"]
-    if n > per_node and n % per_node:
-        raise ValueError(f"--target: {n} devices do not fill nodes of --gpus_per_node={per_node}")
-    nodes, gpus = (1, n) if n <= per_node else (n // per_node, per_node)
+    nodes, gpus = topology(result["setup"]["devices"], per_node)
     planned = copy.deepcopy(cfg)
     with planned.unlocked():
         planned.model.remat = result["setup"]["remat"]

@@ -136,13 +136,25 @@ def test_compile_usage_errors(tmp_path):
         assert proc.returncode == 78 and "gpu-compile" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_plan_target_usage_error():
-    proc = subprocess.run(
-        [sys.executable, "-m", "launch.plan", "--config=experiments/zaya1_tiny.py", "--target=a100"],
+def _plan(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "launch.plan", "--config=experiments/zaya1_tiny.py", *args],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_plan_target_usage_errors():
+    """Each refused at once (one line, exit 78), before the minutes of planning."""
+    proc = _plan("--target=a100")
     assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
     assert "--target: unknown GPU target 'a100'" in proc.stderr
+    proc = _plan("--target=h100", "--hardware=mi300x")
+    assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "--hardware=mi300x and --target=h100 (h100) name different devices" in proc.stderr
+    if gpu_target.missing_extra("cuda") is None:
+        proc = _plan("--target=h100", "--mesh=data:12", "--cpu_devices=12")
+        assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+        assert "12 devices do not fill nodes of --gpus_per_node=8" in proc.stderr and "VERDICT" not in proc.stdout
 
 
 def test_topology_devices_refuses_a_process_that_may_start_a_gpu_backend():
