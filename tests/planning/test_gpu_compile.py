@@ -19,7 +19,7 @@ import pytest
 from tests.tools import REPO
 from zaya_jax.config import ConfigError, load_config
 from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.planning import gpu_program, gpu_target, hlo_stats
+from zaya_jax.planning import gpu_program, gpu_target, hlo_stats, hlo_text
 from zaya_jax.planning.abstract_step import planning_config
 
 ENV = dict(os.environ, PYTHONPATH=REPO)
@@ -103,6 +103,29 @@ def test_scheduled_hlo_reading():
     assert program.fusions == 3 and program.custom_calls == {"__cublas$lt$matmul": 1}
     stats = hlo_stats.analyze(SCHEDULED, 8)
     assert stats.dot_flops == 2 * 8 * 4 * 16 + 2 * 64 * 64 * 32  # the dot and the GEMM library call
+
+
+def test_gemm_calls_read_the_same_everywhere():
+    """One predicate (`hlo_text.gemm_call`) for the planner's FLOPs and the GPU program's kernels."""
+    from zaya_jax.planning.hlo_text import parse_computations
+
+    calls = {
+        "__cublas$gemm": "dense",
+        "__cublas$lt$matmul": "dense",
+        "__cublas$lt$groupedMatmul": "grouped",
+        "__cudnn$fmhaSoftmax": "",
+        "__onednn$matmul": "",
+    }
+    lines = [
+        f'  %c{k} = (f32[64,64]{{1,0}}, s8[8]{{0}}) custom-call(%x, %y), custom_call_target="{t}"'
+        for k, t in enumerate(calls)
+    ]
+    text = "ENTRY %main (x: f32[64,32], y: f32[32,64]) -> f32[64,64] {\n" + "\n".join(lines) + "\n}\n"
+    comps, _ = parse_computations(text)
+    instrs = [i for i in next(iter(comps.values())) if i.opcode == "custom-call"]
+    assert [hlo_text.gemm_call(i) for i in instrs] == list(calls.values())
+    assert [hlo_stats.is_gemm_call(i) for i in instrs] == [v == "dense" for v in calls.values()]
+    assert [gpu_program.is_gemm(i, comps) for i in instrs] == [bool(v) for v in calls.values()]
 
 
 def _gpu_check(*args, timeout=120):
