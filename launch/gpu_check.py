@@ -13,8 +13,8 @@ time against `launch.plan`. `--lower` lowers the train step of `--config` for ea
 prints `lowered for <platform>: ok (<N> ops; CPU-only ops: <K>)` per platform; exit 1 if one is not ok.
 `--compile` compiles the train step of `--config` with the GPU compiler for each named target from any host
 (the `gpu-compile` extra; `zaya_jax.planning.gpu_compile`), on `--mesh` over a topology of `--nodes` x
-`--gpus_per_node` GPUs, one child process per target with the platform's launch/<platform>/env.sh XLA flags
-(`launch.gpu_compile_job`); it prints `compiled for <target>: ok (peak ...)` per target, writes report.md,
+`--gpus_per_node` GPUs, one child process per target with the platform's XLA flags (those env.sh sets) and
+`--xla_flags` (`launch.gpu_compile_job`); it prints `compiled for <target>: ok (peak ...)` per target, writes report.md,
 report.json and <target>.hlo.txt (the scheduled HLO) into `--out`, and exits 1 if a target fails to compile or
 does not fit.
 The full check runs on a GPU only; on a host without one it stops at once (use --smoke, --lower or --compile).

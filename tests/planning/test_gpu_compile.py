@@ -40,8 +40,14 @@ def test_targets_flags_and_topologies():
     for name, target in gpu_target.TARGETS.items():
         text = open(target.config_file, encoding="utf-8").read()
         assert "device_memory_size" in text and target.platform.upper() in text, name
-    env_lines = [line.strip() for line in open(os.path.join(REPO, "launch/rocm/env.sh")) if line.startswith("  --xla")]
-    assert gpu_target.xla_flags("rocm") == tuple(env_lines)
+    for platform in ("rocm", "cuda"):  # one list: env.sh sets exactly the flags the compile check uses
+        env = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}
+        show = subprocess.run(
+            ["bash", "-c", f'source launch/{platform}/env.sh && echo "$XLA_FLAGS"'],
+            cwd=REPO, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert tuple(show.stdout.split()) == gpu_target.xla_flags(platform) and len(show.stdout.split()) > 5
+    assert "--xla_gpu_experimental_use_ragged_dot_grouped_gemm=true" in gpu_target.xla_flags("rocm")
     options = gpu_target.compiler_options("rocm", ("--xla_gpu_enable_triton_gemm=true",))
     assert options["xla_gpu_autotune_level"] == 4 and options["xla_gpu_enable_triton_gemm"] is True
     assert options["xla_gpu_enable_command_buffer"] == ""

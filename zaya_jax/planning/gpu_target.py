@@ -2,7 +2,7 @@
 
 A target is a device description XLA's GPU compiler reads instead of querying a device (a `GpuTargetConfigProto`
 as text, kept in `zaya_jax/planning/gpu_targets/<name>.txtpb` with the facts it encodes and their source), the
-platform's XLA flags (the `_zaya_xla_flags` of `launch/<platform>/env.sh`, the one place they are set for a real
+platform's XLA flags (`gpu_targets/<platform>.xla_flags`, the one list: launch/<platform>/env.sh sets them for a real
 run too), and the planner's `sizing.Hardware` of the device (HBM capacity, peaks). `topology_devices` makes the
 compile-only devices of `nodes` × `gpus_per_node` such GPUs (`jax.experimental.topologies.get_topology_desc`).
 """
@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import importlib.util
 import os
-import re
 
 import ml_collections
 
@@ -100,26 +99,21 @@ def target_config(target: GpuTarget) -> str:
     return text
 
 
-def env_file(platform: str) -> str:
-    """launch/<platform>/env.sh (next to the `launch` package, in a checkout and in an installed copy)."""
-    spec = importlib.util.find_spec("launch")
-    folder = list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else ""
-    path = os.path.join(folder, platform, "env.sh")
-    if not os.path.exists(path):
-        raise ConfigError(f"{path}: the {platform} environment file is missing (reinstall zaya_jax)")
-    return path
+def flags_file(platform: str) -> str:
+    """gpu_targets/<platform>.xla_flags: the platform's XLA flags, one per line with why (launch/<platform>/env.sh
+    sets the same file's flags for a real run)."""
+    return os.path.join(_HERE, "gpu_targets", f"{platform}.xla_flags")
 
 
 @functools.cache
 def xla_flags(platform: str) -> tuple[str, ...]:
-    """The XLA flags launch/<platform>/env.sh sets (`--name=value`, in order)."""
-    with open(env_file(platform), encoding="utf-8") as f:
-        text = f.read()
-    block = re.search(r"^_zaya_xla_flags=\((.*?)^\)", text, flags=re.S | re.M)
-    if block is None:
-        raise ConfigError(f"{env_file(platform)}: no _zaya_xla_flags=( ... ) block")
-    lines = (line.split("#", 1)[0].strip() for line in block.group(1).splitlines())
-    return tuple(line for line in lines if line.startswith("--"))
+    """The platform's XLA flags (`--name=value`, in order), as launch/<platform>/env.sh sets them."""
+    path = flags_file(platform)
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: the {platform} XLA flags file is missing (reinstall zaya_jax)")
+    with open(path, encoding="utf-8") as f:
+        lines = (line.split("#", 1)[0].strip() for line in f)
+        return tuple(line.split()[0] for line in lines if line.startswith("--"))
 
 
 def compiler_options(platform: str, extra: tuple[str, ...] = ()) -> dict[str, bool | int | str]:
