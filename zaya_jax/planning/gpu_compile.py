@@ -7,7 +7,8 @@ lower_train_step`, nothing allocated) on a mesh over the compile-only devices of
 XLA's real GPU compiler and the platform's flags (`gpu_target.xla_flags`, those launch/<platform>/env.sh sets).
 The result carries the GPU binary, the scheduled HLO and the buffer assignment, so what it reports is what the
 compiler makes of the step: memory per device against the HBM, kernel choice (expert GEMMs, attention), fusion
-and the collective schedule. Without a device nothing is autotuned: GEMM tiling is the compiler's default, so per-kernel speed is not known.
+and the collective schedule. Without a device nothing is autotuned: GEMM tiling is the compiler's default, so
+per-kernel speed is not known.
 """
 
 from __future__ import annotations
