@@ -147,13 +147,13 @@ def compile_targets(targets: list[str], out_dir: str | None) -> None:
         chosen = [gpu_target.get_target(t) for t in targets]
     except ConfigError as err:
         cli.fail(PROG, f"--compile: {err}")
-    for reason in dict.fromkeys(filter(None, (gpu_target.missing_extra(t.platform) for t in chosen))):
-        cli.fail(PROG, reason)
-    cfg, nodes, gpus = _compile_setup()  # bad input stops here, in this process, in one line
     extra = tuple(FLAGS.xla_flags.split())
     bad = [f for f in extra if not f.startswith("--xla_")]
     if bad:
         cli.fail(PROG, f"--xla_flags: {bad[0]!r} is not an XLA flag; give space-separated --xla_...=value flags")
+    for reason in dict.fromkeys(filter(None, (gpu_target.missing_extra(t.platform) for t in chosen))):
+        cli.fail(PROG, reason)
+    cfg, nodes, gpus = _compile_setup()  # bad input stops here, in this process, in one line
     results = []
     hlo_dir = make_out_dir(out_dir) if out_dir else None
     for target in chosen:

@@ -160,6 +160,8 @@ def test_full_gpu_check_refuses_a_host_without_a_gpu(tmp_path):
 def test_compile_usage_errors(tmp_path):
     proc = _gpu_check("--compile=a100", f"--out={tmp_path / 'r'}")
     assert proc.returncode == 78 and "choose from h100" in proc.stderr and not (tmp_path / "r").exists()
+    proc = _gpu_check("--compile=h100", "--xla_flags=--xla_gpu_a=1,2 xla_b=3", f"--out={tmp_path / 'r'}")
+    assert proc.returncode == 78 and "--xla_flags: 'xla_b=3' is not an XLA flag" in proc.stderr, proc.stderr[-2000:]
     if gpu_target.missing_extra("cuda"):
         proc = _gpu_check("--compile=h100")
         assert proc.returncode == 78 and "gpu-compile" in proc.stderr, proc.stderr[-2000:]
@@ -201,6 +203,13 @@ def test_topology_devices_refuses_a_process_that_may_start_a_gpu_backend():
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("compiling for h100 needs a process with JAX_PLATFORMS=cpu (here: unset)"), proc
     assert lines[1] == "backends: False"
+
+
+def test_standin_tools_fail_in_one_line():
+    from zaya_jax.planning import rocm_standins
+
+    with pytest.raises(rocm_standins.StandinError, match=r"`ls /nonexistent_zaya \.\.\.` failed .*No such file"):
+        rocm_standins._run("ls", "/nonexistent_zaya")
 
 
 def test_launchers_drop_the_gpu_plugins_noise_on_a_host_without_that_gpu(monkeypatch):
