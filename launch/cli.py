@@ -239,16 +239,26 @@ def _show_warning(prog: str, previous: Callable):
 
 
 class _NoTpuProbe(logging.Filter):
-    """Drops jax's INFO line about the TPU runtime it looks for on every start (this project never uses one), and
-    the ROCm plugin's traceback on a host without an AMD GPU (the `gpu-compile` extra installs that plugin
-    everywhere; `zaya_jax.planning.rocm_standins` registers it for compile-only work)."""
+    """Drops jax's INFO lines about the TPU runtime and the IFRT proxy it looks for on every start (this project
+    never uses either), and the GPU plugins' tracebacks on a host without that GPU (the `gpu-compile` extra
+    installs the CUDA and ROCm plugins everywhere; `zaya_jax.planning` uses them for compile-only work): the ROCm
+    plugin's "No AMD GPUs were found", and the CUDA plugin's failed initialize() when no NVIDIA GPU is visible."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = str(record.msg)
-        if message.startswith("Jax plugin configuration error") and "xla_rocm" in record.getMessage():
-            error = record.exc_info[1] if record.exc_info else None
-            return "No AMD GPUs were found" not in str(error)
-        return not message.startswith("Unable to initialize backend") or "'tpu'" not in record.getMessage()
+        if message.startswith("Jax plugin configuration error"):
+            text = record.getMessage()
+            if "xla_rocm" in text:
+                error = record.exc_info[1] if record.exc_info else None
+                return "No AMD GPUs were found" not in str(error)
+            if "xla_cuda" in text:
+                from jax._src import hardware_utils
+
+                return hardware_utils.has_visible_nvidia_gpu()
+            return True
+        if not message.startswith("Unable to initialize backend"):
+            return True
+        return "'tpu'" not in record.getMessage() and "'proxy'" not in record.getMessage()
 
 
 def compilation_cache(configured: str = "", default: str = USER_CACHE) -> str | None:

@@ -13,8 +13,8 @@ time against `launch.plan`. `--lower` lowers the train step of `--config` for ea
 prints `lowered for <platform>: ok (<N> ops; CPU-only ops: <K>)` per platform; exit 1 if one is not ok.
 `--compile` compiles the train step of `--config` with the GPU compiler for each named target from any host
 (the `gpu-compile` extra; `zaya_jax.planning.gpu_compile`), on `--mesh` over a topology of `--nodes` x
-`--gpus_per_node` GPUs, one child process per target with the platform's launch/<platform>/env.sh XLA flags
-(`launch.gpu_compile_job`); it prints `compiled for <target>: ok (peak ...)` per target, writes report.md,
+`--gpus_per_node` GPUs, one child process per target with the platform's XLA flags (those env.sh sets) and
+`--xla_flags` (`launch.gpu_compile_job`); it prints `compiled for <target>: ok (peak ...)` per target, writes report.md,
 report.json and <target>.hlo.txt (the scheduled HLO) into `--out`, and exits 1 if a target fails to compile or
 does not fit.
 The full check runs on a GPU only; on a host without one it stops at once (use --smoke, --lower or --compile).
@@ -29,7 +29,6 @@ import json  # noqa: E402
 import os  # noqa: E402
 import shlex  # noqa: E402
 import sys  # noqa: E402
-import tempfile  # noqa: E402
 
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -58,7 +57,9 @@ flags.DEFINE_integer(
     lower_bound=1,
 )
 flags.DEFINE_integer("seq_len", None, "--compile: sequence length (default: the config's)", lower_bound=1)
-flags.DEFINE_list("xla_flags", [], "--compile: XLA flags added after the platform's env.sh ones, e.g. --xla_gpu_x=y")
+flags.DEFINE_string(
+    "xla_flags", "", "--compile: XLA flags added after the platform's, space-separated, e.g. '--xla_gpu_x=y --xla_z=1'"
+)
 flags.DEFINE_string("job", None, "internal: run one gpu_check job in this process (zaya_jax.bench.gpu_check.jobs)")
 flags.DEFINE_string("job_spec", "{}", "internal: the job's JSON spec")
 flags.DEFINE_string("job_out", None, "internal: where the job writes its JSON result")
@@ -146,15 +147,18 @@ def compile_targets(targets: list[str], out_dir: str | None) -> None:
         chosen = [gpu_target.get_target(t) for t in targets]
     except ConfigError as err:
         cli.fail(PROG, f"--compile: {err}")
+    extra = tuple(FLAGS.xla_flags.split())
+    bad = [f for f in extra if not f.startswith("--xla_")]
+    if bad:
+        cli.fail(PROG, f"--xla_flags: {bad[0]!r} is not an XLA flag; give space-separated --xla_...=value flags")
     for reason in dict.fromkeys(filter(None, (gpu_target.missing_extra(t.platform) for t in chosen))):
         cli.fail(PROG, reason)
     cfg, nodes, gpus = _compile_setup()  # bad input stops here, in this process, in one line
     results = []
-    with tempfile.TemporaryDirectory(prefix="gpu_compile_") as scratch:
-        work = make_out_dir(out_dir) if out_dir else scratch
-        for target in chosen:
-            results.append(run_in_child(cfg, target, nodes, gpus, work, tuple(FLAGS.xla_flags)))
-            print(results[-1]["line"], flush=True)
+    hlo_dir = make_out_dir(out_dir) if out_dir else None
+    for target in chosen:
+        results.append(run_in_child(cfg, target, nodes, gpus, hlo_dir, extra))
+        print(results[-1]["line"], flush=True)
     if out_dir:
         setup = dict(nodes=nodes, gpus_per_node=gpus, seq_len=cfg.train.seq_len)
         setup |= dict(global_batch=cfg.train.global_batch_size, microbatches=cfg.train.microbatches)

@@ -299,14 +299,36 @@ def _gpu_target():
         target = gpu_target.get_target(FLAGS.target)
     except ConfigError as err:
         cli.fail("plan", f"--target: {err}")
+    if FLAGS.sweep or FLAGS.compile_scaling:
+        cli.fail("plan", "--target compiles one planned step: leave out --sweep / --compile_scaling")
+    if FLAGS["hardware"].present and FLAGS.hardware != target.hardware:
+        cli.fail(
+            "plan",
+            f"--hardware={FLAGS.hardware} and --target={target.name} ({target.hardware}) name different devices; "
+            "leave out --hardware (it follows --target) or make them agree",
+        )
     reason = gpu_target.missing_extra(target.platform)
     if reason:
         cli.fail("plan", f"--target={FLAGS.target}: {reason}")
-    if FLAGS.sweep or FLAGS.compile_scaling:
-        cli.fail("plan", "--target compiles one planned step: leave out --sweep / --compile_scaling")
-    if not FLAGS["hardware"].present:
-        FLAGS.hardware = target.hardware  # the estimate and the projection for the same device
+    FLAGS.hardware = target.hardware  # the estimate and the projection for the same device
     return target
+
+
+def _check_target_topology(cfg) -> None:
+    """--target: the planned mesh fills nodes of --gpus_per_node (one line, exit 78, before minutes of planning)."""
+    import jax
+
+    from launch.plan_gpu import topology
+    from zaya_jax.parallel.mesh import resolve_mesh_shape
+
+    try:
+        sizes = resolve_mesh_shape(cfg.mesh, jax.device_count())
+        n = 1
+        for size in sizes.values():
+            n *= size
+        topology(n, FLAGS.gpus_per_node)
+    except (ConfigError, ValueError) as err:
+        cli.fail("plan", str(err))
 
 
 def main(argv):
@@ -332,6 +354,8 @@ def main(argv):
         )
     except ConfigError as err:
         cli.fail("plan", str(err))
+    if target is not None:
+        _check_target_topology(cfg)
     for note in notes:
         print(f"note: {note}")
     if FLAGS.sweep:

@@ -5,7 +5,6 @@ process (`launch.gpu_compile_job`), its peak per device beside the planner's est
 from __future__ import annotations
 
 import copy
-import tempfile
 
 from launch.gpu_compile_job import run_in_child
 
@@ -28,18 +27,21 @@ def format_gpu_compiled(r: dict) -> list[str]:
     ]
 
 
+def topology(n: int, per_node: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of `n` devices on nodes of `per_node` GPUs; ValueError when they do not fill nodes."""
+    if n > per_node and n % per_node:
+        raise ValueError(f"--target: {n} devices do not fill nodes of --gpus_per_node={per_node}")
+    return (1, n) if n <= per_node else (n // per_node, per_node)
+
+
 def gpu_compiled(cfg, result: dict, target, per_node: int) -> None:
     """Compile the planned step (with the remat the plan chose) for `target` in a child process
     (`launch.gpu_compile_job`); result["gpu_compiled"] gets its figures and result["fits"] its verdict."""
-    n = result["setup"]["devices"]
-    if n > per_node and n % per_node:
-        raise ValueError(f"--target: {n} devices do not fill nodes of --gpus_per_node={per_node}")
-    nodes, gpus = (1, n) if n <= per_node else (n // per_node, per_node)
+    nodes, gpus = topology(result["setup"]["devices"], per_node)
     planned = copy.deepcopy(cfg)
     with planned.unlocked():
         planned.model.remat = result["setup"]["remat"]
-    with tempfile.TemporaryDirectory(prefix="plan_gpu_") as work:
-        compiled = run_in_child(planned, target, nodes, gpus, work)
+    compiled = run_in_child(planned, target, nodes, gpus)
     result["gpu_compiled"] = compiled
     if compiled["ok"]:
         result["memory"]["peak_gpu_compiled"] = compiled["memory"]["peak"]

@@ -25,33 +25,20 @@ export JAX_LOCAL_DEVICE_IDS=${JAX_LOCAL_DEVICE_IDS:-$(seq -s, 0 $((GPUS_PER_NODE
 # Fraction of HBM the XLA client preallocates; AMD's MI300X MaxText recipes use .97 to avoid HSA out-of-memory
 # errors in multi-node runs [B]. 192 GB per GPU [B].
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-.97}
-# XLA flags [B: AMD-AGI/Primus MaxText env / ROCm MAD scripts], one per line:
-_zaya_xla_flags=(
-  # overlap collectives (ZeRO-1 reduce-scatter / all-gather, CP all-gathers) with compute
-  --xla_gpu_enable_latency_hiding_scheduler=true
-  # command buffers (HIP graphs) off: a ROCm docs workaround, also in AMD's recipes
-  --xla_gpu_enable_command_buffer=
-  # GEMMs through hipBLASLt, not Triton
-  --xla_gpu_enable_triton_gemm=false
-  --xla_gpu_enable_cublaslt=true
-  # >= 1 required: level 0 can pick a GEMM kernel that overflows in fine-grained MoE einsums (NaN loss) [B]
-  --xla_gpu_autotune_level=4
-  # let the scheduler use 95% of the memory limit before it stops overlapping
-  --xla_gpu_memory_limit_slop_factor=95
-  # combine the per-parameter ZeRO-1 collectives into few large ones, at 1 GiB: AMD's MaxText DeepSeek-V3 runs
-  # on MI300X-class nodes measured about 3 s/step saved going from 8 GiB to 1 GiB all-gather combining (large
-  # combined gathers serialise the step and cannot overlap) [B: ROCm maxtext-slurm]
-  --xla_gpu_all_gather_combine_threshold_bytes=1073741824
-  --xla_gpu_reduce_scatter_combine_threshold_bytes=1073741824
-  --xla_gpu_enable_all_gather_combine_by_dim=false
-  # `model.kernels.grouped_gemm=ragged_dot` (what `auto` picks on ROCm, docs/kernels.md): lower ragged_dot to a
-  # hipBLASLt grouped GEMM instead of XLA's default padded dense dot (E x the expert FLOPs); bf16/fp16 only on
-  # MI300, slower than the padded dot for small groups, faster at the paper's >= 1k tokens per expert
-  # [B: ROCm/xla PR 514, openxla/xla PR 38088]
-  --xla_gpu_experimental_use_ragged_dot_grouped_gemm=true
-)
+# XLA flags [B]: one per line, with why, in zaya_jax/planning/gpu_targets/rocm.xla_flags (the one list: the
+# compile-only GPU check, zaya_jax.planning.gpu_target, reads it too).
+_zaya_flags_file="$(dirname "${BASH_SOURCE[0]}")/../../zaya_jax/planning/gpu_targets/rocm.xla_flags"
+if [[ ! -r "$_zaya_flags_file" ]]; then
+  echo "env.sh: $_zaya_flags_file (the XLA flags) is missing" >&2
+  return 1
+fi
+_zaya_xla_flags=()
+while read -r _zaya_line; do  # one flag per line; '#' starts a comment
+  _zaya_line="${_zaya_line%%#*}"
+  if [[ -n "${_zaya_line//[[:space:]]/}" ]]; then _zaya_xla_flags+=("${_zaya_line%%[[:space:]]*}"); fi
+done <"$_zaya_flags_file"
 export XLA_FLAGS="${XLA_FLAGS:-} ${_zaya_xla_flags[*]}"
-unset _zaya_xla_flags
+unset _zaya_xla_flags _zaya_flags_file _zaya_line
 # Quiet C++ logs (benign shutdown messages) [B].
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 

@@ -19,7 +19,7 @@ import pytest
 from tests.tools import REPO
 from zaya_jax.config import ConfigError, load_config
 from zaya_jax.parallel.mesh import make_mesh
-from zaya_jax.planning import gpu_program, gpu_target, hlo_stats
+from zaya_jax.planning import gpu_program, gpu_target, hlo_stats, hlo_text
 from zaya_jax.planning.abstract_step import planning_config
 
 ENV = dict(os.environ, PYTHONPATH=REPO)
@@ -40,8 +40,14 @@ def test_targets_flags_and_topologies():
     for name, target in gpu_target.TARGETS.items():
         text = open(target.config_file, encoding="utf-8").read()
         assert "device_memory_size" in text and target.platform.upper() in text, name
-    env_lines = [line.strip() for line in open(os.path.join(REPO, "launch/rocm/env.sh")) if line.startswith("  --xla")]
-    assert gpu_target.xla_flags("rocm") == tuple(env_lines)
+    for platform in ("rocm", "cuda"):  # one list: env.sh sets exactly the flags the compile check uses
+        env = {k: v for k, v in ENV.items() if k != "XLA_FLAGS"}
+        show = subprocess.run(
+            ["bash", "-c", f'source launch/{platform}/env.sh && echo "$XLA_FLAGS"'],
+            cwd=REPO, env=env, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        assert tuple(show.stdout.split()) == gpu_target.xla_flags(platform) and len(show.stdout.split()) > 5
+    assert "--xla_gpu_experimental_use_ragged_dot_grouped_gemm=true" in gpu_target.xla_flags("rocm")
     options = gpu_target.compiler_options("rocm", ("--xla_gpu_enable_triton_gemm=true",))
     assert options["xla_gpu_autotune_level"] == 4 and options["xla_gpu_enable_triton_gemm"] is True
     assert options["xla_gpu_enable_command_buffer"] == ""
@@ -105,6 +111,29 @@ def test_scheduled_hlo_reading():
     assert stats.dot_flops == 2 * 8 * 4 * 16 + 2 * 64 * 64 * 32  # the dot and the GEMM library call
 
 
+def test_gemm_calls_read_the_same_everywhere():
+    """One predicate (`hlo_text.gemm_call`) for the planner's FLOPs and the GPU program's kernels."""
+    from zaya_jax.planning.hlo_text import parse_computations
+
+    calls = {
+        "__cublas$gemm": "dense",
+        "__cublas$lt$matmul": "dense",
+        "__cublas$lt$groupedMatmul": "grouped",
+        "__cudnn$fmhaSoftmax": "",
+        "__onednn$matmul": "",
+    }
+    lines = [
+        f'  %c{k} = (f32[64,64]{{1,0}}, s8[8]{{0}}) custom-call(%x, %y), custom_call_target="{t}"'
+        for k, t in enumerate(calls)
+    ]
+    text = "ENTRY %main (x: f32[64,32], y: f32[32,64]) -> f32[64,64] {\n" + "\n".join(lines) + "\n}\n"
+    comps, _ = parse_computations(text)
+    instrs = [i for i in next(iter(comps.values())) if i.opcode == "custom-call"]
+    assert [hlo_text.gemm_call(i) for i in instrs] == list(calls.values())
+    assert [hlo_stats.is_gemm_call(i) for i in instrs] == [v == "dense" for v in calls.values()]
+    assert [gpu_program.is_gemm(i, comps) for i in instrs] == [bool(v) for v in calls.values()]
+
+
 def _gpu_check(*args, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "launch.gpu_check", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
@@ -131,18 +160,79 @@ def test_full_gpu_check_refuses_a_host_without_a_gpu(tmp_path):
 def test_compile_usage_errors(tmp_path):
     proc = _gpu_check("--compile=a100", f"--out={tmp_path / 'r'}")
     assert proc.returncode == 78 and "choose from h100" in proc.stderr and not (tmp_path / "r").exists()
+    proc = _gpu_check("--compile=h100", "--xla_flags=--xla_gpu_a=1,2 xla_b=3", f"--out={tmp_path / 'r'}")
+    assert proc.returncode == 78 and "--xla_flags: 'xla_b=3' is not an XLA flag" in proc.stderr, proc.stderr[-2000:]
     if gpu_target.missing_extra("cuda"):
         proc = _gpu_check("--compile=h100")
         assert proc.returncode == 78 and "gpu-compile" in proc.stderr, proc.stderr[-2000:]
 
 
-def test_plan_target_usage_error():
-    proc = subprocess.run(
-        [sys.executable, "-m", "launch.plan", "--config=experiments/zaya1_tiny.py", "--target=a100"],
+def _plan(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "launch.plan", "--config=experiments/zaya1_tiny.py", *args],
         cwd=REPO, env=ENV, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
+
+
+def test_plan_target_usage_errors():
+    """Each refused at once (one line, exit 78), before the minutes of planning."""
+    proc = _plan("--target=a100")
     assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
     assert "--target: unknown GPU target 'a100'" in proc.stderr
+    proc = _plan("--target=h100", "--hardware=mi300x")
+    assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+    assert "--hardware=mi300x and --target=h100 (h100) name different devices" in proc.stderr
+    if gpu_target.missing_extra("cuda") is None:
+        proc = _plan("--target=h100", "--mesh=data:12", "--cpu_devices=12")
+        assert proc.returncode == 78 and proc.stderr.strip().count("\n") == 0, proc.stderr[-2000:]
+        assert "12 devices do not fill nodes of --gpus_per_node=8" in proc.stderr and "VERDICT" not in proc.stdout
+
+
+def test_topology_devices_refuses_a_process_that_may_start_a_gpu_backend():
+    """Without JAX_PLATFORMS=cpu, jax.devices() would start a real GPU's backend: one line, before any jax work."""
+    code = (
+        "from zaya_jax.config import ConfigError\n"
+        "from zaya_jax.planning import gpu_target\n"
+        "try:\n    gpu_target.topology_devices(gpu_target.get_target('h100'))\n"
+        "except ConfigError as err:\n    print(err)\n"
+        "import sys; print('backends:', 'jax._src.xla_bridge' in sys.modules and "
+        "bool(sys.modules['jax._src.xla_bridge']._backends))"
+    )
+    env = {k: v for k, v in ENV.items() if k != "JAX_PLATFORMS"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    lines = proc.stdout.strip().splitlines()
+    assert lines[0].startswith("compiling for h100 needs a process with JAX_PLATFORMS=cpu (here: unset)"), proc
+    assert lines[1] == "backends: False"
+
+
+def test_standin_tools_fail_in_one_line():
+    from zaya_jax.planning import rocm_standins
+
+    with pytest.raises(rocm_standins.StandinError, match=r"`ls /nonexistent_zaya \.\.\.` failed .*No such file"):
+        rocm_standins._run("ls", "/nonexistent_zaya")
+
+
+def test_launchers_drop_the_gpu_plugins_noise_on_a_host_without_that_gpu(monkeypatch):
+    """With the extra on a CPU host the CUDA plugin's initialize() fails (cuInit 303) and the ROCm plugin finds no
+    AMD GPU: jax logs both with a traceback; the launchers' filter drops them only when that GPU is absent."""
+    import logging
+
+    from jax._src import hardware_utils
+
+    from launch.cli import _NoTpuProbe
+
+    def record(plugin: str, error: Exception) -> logging.LogRecord:
+        msg = "Jax plugin configuration error: Exception when calling %s.initialize()"
+        return logging.LogRecord("jax._src.xla_bridge", logging.ERROR, "x", 1, msg, (plugin,), (None, error, None))
+
+    cuda = record("jax_plugins.xla_cuda12", RuntimeError("operation cuInit(0) failed: Unknown CUDA error 303"))
+    rocm = record("jax_plugins.xla_rocm7", RuntimeError("No AMD GPUs were found"))
+    probe = _NoTpuProbe()
+    monkeypatch.setattr(hardware_utils, "has_visible_nvidia_gpu", lambda: False)
+    assert not probe.filter(cuda) and not probe.filter(rocm)
+    monkeypatch.setattr(hardware_utils, "has_visible_nvidia_gpu", lambda: True)
+    assert probe.filter(cuda)  # on an NVIDIA host the failure is real: it is shown
+    assert probe.filter(record("jax_plugins.xla_rocm7", RuntimeError("hipErrorNoBinaryForGpu")))
 
 
 # ------------------------------------------------------------------- the real GPU compiler (the extra)
@@ -152,37 +242,43 @@ def _needs_extra(platform: str):
         pytest.skip(reason)
 
 
-def _compile(variant: str, mesh: dict, target: str):
-    from zaya_jax.planning import gpu_compile
+def _compile(variant: str, mesh: dict, target: str, hlo_dir, extra_flags: tuple[str, ...] = ()) -> dict:
+    """Compile through `launch.gpu_compile_job.run_in_child` (as the CLIs do): an abort in XLA's GPU compiler ends
+    a child, never the test worker, and the ROCm stand-ins / plugins load only there."""
+    from launch.gpu_compile_job import run_in_child
 
     config = load_config(f"experiments/zaya1.py:{variant}")
     n = mesh.get("data", 1) * mesh.get("expert", 1)
     cfg, _ = planning_config(
         config, mesh=mesh, batch_per_device=gpu_target.batch_per_shard(config, mesh, n), dispatch=None, num_devices=n
     )
-    result = gpu_compile.compile_step(cfg, target)
-    assert result.ok, result.error
-    assert result.fits, result.line()
-    assert re.match(rf"compiled for {target}: ok \(peak [\d.]+ GB of [\d.]+ GB; expert FLOPs", result.line())
+    result = run_in_child(cfg, gpu_target.get_target(target), 1, n, str(hlo_dir), extra_flags)
+    assert result["ok"], result["error"]
+    assert result["fits"], result["line"]
+    assert re.match(rf"compiled for {target}: ok \(peak [\d.]+ GB of [\d.]+ GB; expert FLOPs", result["line"])
+    assert os.listdir(hlo_dir) == [f"{target}.hlo.txt"]  # the scheduled HLO, and no spec / result files left
+    assert "ENTRY" in (hlo_dir / f"{target}.hlo.txt").read_text()
     return result
 
 
 @pytest.mark.gpu_compile
 @pytest.mark.parametrize("target", ["h100", "mi300x"])
-def test_tiny_zero1_expert_parallel_on_8_gpus(target):
+def test_tiny_zero1_expert_parallel_on_8_gpus(target, tmp_path):
     _needs_extra(gpu_target.get_target(target).platform)
-    result = _compile("tiny", {"data": 2, "expert": 4}, target)
-    kinds = {c["kind"] for c in result.program["collectives"]}
+    extra = ("--xla_gpu_enable_latency_hiding_scheduler=true",)  # an extra flag reaches the compile and the result
+    result = _compile("tiny", {"data": 2, "expert": 4}, target, tmp_path, extra)
+    assert result["flags"][-1] == extra[0] and len(result["flags"]) > 1
+    kinds = {c["kind"] for c in result["program"]["collectives"]}
     assert {"reduce-scatter", "all-gather", "all-to-all"} <= kinds  # ZeRO-1 and the expert dispatch
-    assert result.program["expert_gemms"] and result.expert_flops_executed > 0
+    assert result["program"]["expert_gemms"] and result["expert_flops_executed"] > 0
 
 
 @pytest.mark.gpu_compile
 @pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "xla")])
-def test_1b_on_one_gpu(target, attention):
+def test_1b_on_one_gpu(target, attention, tmp_path):
     _needs_extra(gpu_target.get_target(target).platform)
-    result = _compile("1b", {"data": 1}, target)
-    assert result.program["attention"] == attention
+    result = _compile("1b", {"data": 1}, target, tmp_path)
+    assert result["program"]["attention"] == attention
     if attention == "cudnn":
-        assert result.program["square_buffers"] == []  # the fused kernel keeps no [.., S, S] scores
-    assert result.memory["argument"] > 1e9 and result.expert_ratio >= 1.0
+        assert result["program"]["square_buffers"] == []  # the fused kernel keeps no [.., S, S] scores
+    assert result["memory"]["argument"] > 1e9 and result["expert_ratio"] >= 1.0

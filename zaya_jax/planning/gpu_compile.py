@@ -4,10 +4,11 @@ GPU without one").
 `compile_step(config, target, nodes=, gpus_per_node=)` lowers the project's train step (`abstract_step.
 lower_train_step`, nothing allocated) on a mesh over the compile-only devices of `nodes` × `gpus_per_node` GPUs
 (`gpu_target.topology_devices`), with the model's kernels resolved for the target's platform, and compiles it with
-XLA's real GPU compiler and the platform's flags (launch/<platform>/env.sh). The result carries the GPU binary,
-the scheduled HLO and the buffer assignment, so what it reports is what the compiler makes of the step: memory per
-device against the HBM, kernel choice (expert GEMMs, attention), fusion and the collective schedule. Without a
-device nothing is autotuned: GEMM tiling is the compiler's default, so per-kernel speed is not known.
+XLA's real GPU compiler and the platform's flags (`gpu_target.xla_flags`, those launch/<platform>/env.sh sets).
+The result carries the GPU binary, the scheduled HLO and the buffer assignment, so what it reports is what the
+compiler makes of the step: memory per device against the HBM, kernel choice (expert GEMMs, attention), fusion
+and the collective schedule. Without a device nothing is autotuned: GEMM tiling is the compiler's default, so
+per-kernel speed is not known.
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ def compile_step(
     """Compile `config`'s train step (mesh `config.mesh`, which must use nodes × gpus_per_node devices; default
     gpus_per_node: the mesh size when nodes == 1, else 8) for `target`; see the module docstring. A compile
     that fails returns ok=False with the error's first line (a crash inside XLA ends the process: run it in a
-    child process to survive one, as `launch.gpu_check` does)."""
+    child process to survive one, as `launch.gpu_check` does). Raises a one-line ConfigError for an unknown target
+    or when the compile-only devices cannot be made (`gpu_target.topology_devices`: a process with
+    JAX_PLATFORMS=cpu and the `gpu-compile` extra)."""
     target = gpu_target.get_target(target) if isinstance(target, str) else target
     n_mesh = 1
     for axis in ("data", "context", "expert"):

@@ -3,8 +3,8 @@
 
 * kernels: fusions, custom calls (by target: cuBLAS / hipBLASLt GEMMs, cuDNN attention, ...) and dots;
 * expert GEMMs: every dot or GEMM call whose JAX op_name is in the `experts` scope (the expert SwiGLU, dropless
-  or over capacity slots) or comes from `ragged_dot`, and how XLA lowered it (a grouped GEMM call, or a dense
-  dot over all experts);
+  or over capacity slots) or comes from `ragged_dot`, and how XLA lowered it (`_expert_gemms`: a dense dot, a
+  ragged-dot, a dense GEMM library call or a grouped one, `hlo_text.gemm_call`);
 * attention: cuDNN fused attention calls, and every buffer with two trailing dims equal to the sequence length
   (an `[.., S, S]` score matrix that a fused kernel never materialises);
 * collectives in schedule order: each async `*-start` with what the latency-hiding scheduler put between it and
@@ -19,11 +19,8 @@ import re
 from collections import Counter
 
 from zaya_jax.planning.hlo_collectives import COLLECTIVES
-from zaya_jax.planning.hlo_text import Instr, parse_computations, shape_dims
+from zaya_jax.planning.hlo_text import CALLS, Instr, call_target, gemm_call, op_name, parse_computations, shape_dims
 
-_CALLS = re.compile(r"calls=%?([\w.\-]+)")
-_TARGET = re.compile(r'custom_call_target="([^"]+)"')
-_GEMM_CALL = re.compile(r"(gemm|matmul|Matmul)", re.I)
 # op_name scopes (jax.named_scope) of the expert GEMMs (`model.experts.swiglu`, `Kernels.grouped_swiglu`) and of
 # attention (`Kernels.causal_attention`); a backward op carries them inside `transpose(jvp(...))`
 _EXPERT = re.compile(r"(^|[/(])experts([/)]|$)|ragged_dot")
@@ -49,7 +46,8 @@ class GpuProgram:
     fusions: int
     custom_calls: dict[str, int]  # target → count
     dots: int
-    expert_gemms: dict[str, int]  # lowering → count: "dense dot", "grouped GEMM call", "GEMM call"
+    # lowering → count: "dense dot", "ragged-dot" (left to the runtime), "dense GEMM call", "grouped GEMM call"
+    expert_gemms: dict[str, int]
     attention: str  # cudnn | xla
     square_buffers: list[str]  # instructions with an [.., S, S] result
     collectives: list[AsyncCollective]
@@ -70,16 +68,6 @@ class GpuProgram:
         }
 
 
-def _op_name(instr: Instr) -> str:
-    m = re.search(r'op_name="([^"]*)"', instr.attrs)
-    return m.group(1) if m else ""
-
-
-def _target(instr: Instr) -> str:
-    m = _TARGET.search(instr.attrs)
-    return m.group(1) if m else ""
-
-
 def _contains(comp: str, comps: dict[str, list[Instr]], test, seen: set | None = None) -> bool:
     """Whether computation `comp` (or one it calls) has an instruction passing `test`."""
     seen = set() if seen is None else seen
@@ -87,16 +75,16 @@ def _contains(comp: str, comps: dict[str, list[Instr]], test, seen: set | None =
         return False
     seen.add(comp)
     for i in comps.get(comp, []):
-        if test(i) or any(_contains(c, comps, test, seen) for c in _CALLS.findall(i.attrs)):
+        if test(i) or any(_contains(c, comps, test, seen) for c in CALLS.findall(i.attrs)):
             return True
     return False
 
 
 def is_gemm(instr: Instr, comps: dict[str, list[Instr]]) -> bool:
     """A GEMM kernel: a dot, a GEMM library call, or a fusion around a dot (Triton GEMM)."""
-    if instr.opcode == "dot" or (instr.opcode == "custom-call" and _GEMM_CALL.search(_target(instr))):
+    if instr.opcode == "dot" or gemm_call(instr):
         return True
-    callee = _CALLS.search(instr.attrs)
+    callee = CALLS.search(instr.attrs)
     return instr.opcode == "fusion" and callee is not None and _contains(callee.group(1), comps, _is_dot)
 
 
@@ -108,12 +96,12 @@ def _expert_gemms(comps: dict[str, list[Instr]]) -> Counter:
     out: Counter = Counter()
     for name, instrs in comps.items():
         for i in instrs:
-            if not is_expert(_op_name(i)):
+            if not is_expert(op_name(i)):
                 continue
             if i.opcode in ("dot", "ragged-dot"):
                 out["dense dot" if i.opcode == "dot" else "ragged-dot"] += 1
-            elif i.opcode == "custom-call" and _GEMM_CALL.search(_target(i)):
-                out["grouped GEMM call" if "grouped" in _target(i).lower() else "dense GEMM call"] += 1
+            elif gemm_call(i):
+                out[f"{gemm_call(i)} GEMM call"] += 1
     return out
 
 
@@ -126,8 +114,8 @@ def _square_buffers(instrs: list[Instr], comps: dict[str, list[Instr]], seq_len:
         dims = shape_dims(i.shape)
         if seq_len <= 1 or len(dims) < 2 or dims[-1] != seq_len or dims[-2] != seq_len:
             continue
-        callee = _CALLS.search(i.attrs)
-        names = [_op_name(i)] + [_op_name(j) for j in comps.get(callee.group(1), [])] if callee else [_op_name(i)]
+        callee = CALLS.search(i.attrs)
+        names = [op_name(i)] + [op_name(j) for j in comps.get(callee.group(1), [])] if callee else [op_name(i)]
         if any(_ATTENTION.search(n) for n in names):
             out.append(f"{i.name} {i.shape.split('{')[0]}")
     return out
@@ -140,7 +128,7 @@ def _collective_kind(instr: Instr, comps: dict[str, list[Instr]]) -> str | None:
         if base in COLLECTIVES:
             return base
         if base == "async":  # reduce-scatter / all-to-all wrapped in an async computation
-            callee = _CALLS.search(instr.attrs)
+            callee = CALLS.search(instr.attrs)
             for i in comps.get(callee.group(1), []) if callee else []:
                 if i.opcode in COLLECTIVES:
                     return i.opcode
@@ -178,9 +166,9 @@ _BOOKKEEPING = frozenset({"parameter", "constant", "get-tuple-element", "tuple",
 def analyze_program(text: str, seq_len: int) -> GpuProgram:
     """Read the scheduled HLO `text` of a GPU-compiled step whose sequences are `seq_len` long."""
     comps, _ = parse_computations(text)
-    fused = {c for instrs in comps.values() for i in instrs if i.opcode == "fusion" for c in _CALLS.findall(i.attrs)}
+    fused = {c for instrs in comps.values() for i in instrs if i.opcode == "fusion" for c in CALLS.findall(i.attrs)}
     top = [i for name, instrs in comps.items() if name not in fused for i in instrs]
-    targets = Counter(_target(i) for instrs in comps.values() for i in instrs if i.opcode == "custom-call")
+    targets = Counter(call_target(i) for instrs in comps.values() for i in instrs if i.opcode == "custom-call")
     dots = sum(1 for instrs in comps.values() for i in instrs if _is_dot(i))
     attention = "cudnn" if any("cudnn$fmha" in t for t in targets) else "xla"
     return GpuProgram(

@@ -56,6 +56,7 @@ def target_section(r: dict) -> list[str]:
                 f"| {c['kind']} `{c['name']}` | `{c['computation'][:48]}` | {'no' if c['sync'] else 'yes'} | "
                 f"{c['gemms_between']} | {c['fusions_between']} |"
             )
+    lines += [f"- XLA flags: {' '.join(r.get('flags', ())) or 'none'}"]
     lines += [f"- note: {n}" for n in r.get("notes", [])]
     return lines + [""]
 

@@ -2,7 +2,7 @@
 
 A target is a device description XLA's GPU compiler reads instead of querying a device (a `GpuTargetConfigProto`
 as text, kept in `zaya_jax/planning/gpu_targets/<name>.txtpb` with the facts it encodes and their source), the
-platform's XLA flags (the `_zaya_xla_flags` of `launch/<platform>/env.sh`, the one place they are set for a real
+platform's XLA flags (`gpu_targets/<platform>.xla_flags`, the one list: launch/<platform>/env.sh sets them for a real
 run too), and the planner's `sizing.Hardware` of the device (HBM capacity, peaks). `topology_devices` makes the
 compile-only devices of `nodes` × `gpus_per_node` such GPUs (`jax.experimental.topologies.get_topology_desc`).
 """
@@ -13,7 +13,6 @@ import dataclasses
 import functools
 import importlib.util
 import os
-import re
 
 import ml_collections
 
@@ -100,26 +99,21 @@ def target_config(target: GpuTarget) -> str:
     return text
 
 
-def env_file(platform: str) -> str:
-    """launch/<platform>/env.sh (next to the `launch` package, in a checkout and in an installed copy)."""
-    spec = importlib.util.find_spec("launch")
-    folder = list(spec.submodule_search_locations)[0] if spec and spec.submodule_search_locations else ""
-    path = os.path.join(folder, platform, "env.sh")
-    if not os.path.exists(path):
-        raise ConfigError(f"{path}: the {platform} environment file is missing (reinstall zaya_jax)")
-    return path
+def flags_file(platform: str) -> str:
+    """gpu_targets/<platform>.xla_flags: the platform's XLA flags, one per line with why (launch/<platform>/env.sh
+    sets the same file's flags for a real run)."""
+    return os.path.join(_HERE, "gpu_targets", f"{platform}.xla_flags")
 
 
 @functools.cache
 def xla_flags(platform: str) -> tuple[str, ...]:
-    """The XLA flags launch/<platform>/env.sh sets (`--name=value`, in order)."""
-    with open(env_file(platform), encoding="utf-8") as f:
-        text = f.read()
-    block = re.search(r"^_zaya_xla_flags=\((.*?)^\)", text, flags=re.S | re.M)
-    if block is None:
-        raise ConfigError(f"{env_file(platform)}: no _zaya_xla_flags=( ... ) block")
-    lines = (line.split("#", 1)[0].strip() for line in block.group(1).splitlines())
-    return tuple(line for line in lines if line.startswith("--"))
+    """The platform's XLA flags (`--name=value`, in order), as launch/<platform>/env.sh sets them."""
+    path = flags_file(platform)
+    if not os.path.exists(path):
+        raise ConfigError(f"{path}: the {platform} XLA flags file is missing (reinstall zaya_jax)")
+    with open(path, encoding="utf-8") as f:
+        lines = (line.split("#", 1)[0].strip() for line in f)
+        return tuple(line.split()[0] for line in lines if line.startswith("--"))
 
 
 def compiler_options(platform: str, extra: tuple[str, ...] = ()) -> dict[str, bool | int | str]:
@@ -150,10 +144,19 @@ def env_xla_flags(platform: str, extra: tuple[str, ...] = ()) -> str:
 
 def topology_devices(target: GpuTarget, nodes: int = 1, gpus_per_node: int = 8) -> list:
     """Compile-only devices of `nodes` × `gpus_per_node` GPUs of `target` (on any host; ROCm on a host without an
-    AMD GPU loads `rocm_standins`). Raises ConfigError when the `gpu-compile` extra is missing."""
+    AMD GPU loads `rocm_standins`). Only in a process whose jax platforms are cpu alone (JAX_PLATFORMS=cpu, as
+    `launch.gpu_compile_job` starts one): elsewhere `jax.devices()` would start a real GPU backend first. Raises a
+    one-line ConfigError when the platforms are not cpu-only, the `gpu-compile` extra is missing or the plugin
+    cannot describe the topology."""
     import jax
     from jax.experimental import topologies
 
+    platforms = [p.strip() for p in (jax.config.jax_platforms or "").split(",") if p.strip()]
+    if platforms != ["cpu"]:
+        raise ConfigError(
+            f"compiling for {target.name} needs a process with JAX_PLATFORMS=cpu (here: "
+            f"{','.join(platforms) or 'unset'}); use launch.gpu_check --compile or launch.gpu_compile_job"
+        )
     reason = missing_extra(target.platform)
     if reason:
         raise ConfigError(reason)
@@ -167,9 +170,15 @@ def topology_devices(target: GpuTarget, nodes: int = 1, gpus_per_node: int = 8) 
             rocm_standins.register_compile_only_plugin()
         except rocm_standins.StandinError as err:
             raise ConfigError(f"compiling for {target.name}: {err}") from err
-    topo = topologies.get_topology_desc(
-        platform=target.platform, target_config=target_config(target), topology=f"1x{nodes}x{gpus_per_node}"
-    )
+    try:
+        topo = topologies.get_topology_desc(
+            platform=target.platform, target_config=target_config(target), topology=f"1x{nodes}x{gpus_per_node}"
+        )
+    except Exception as err:  # noqa: BLE001 - jaxlib raises JaxRuntimeError / RuntimeError; one line for the caller
+        first = (str(err).strip().splitlines() or [""])[0][:300]
+        raise ConfigError(
+            f"describing {nodes} x {gpus_per_node} {target.name} GPUs: {type(err).__name__}: {first}"
+        ) from err
     return list(topo.devices)
 
 

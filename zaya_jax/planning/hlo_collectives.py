@@ -27,7 +27,7 @@ import re
 
 import numpy as np
 
-from zaya_jax.planning.hlo_text import ARRAY, DTYPE_BYTES, Instr, shape_bytes
+from zaya_jax.planning.hlo_text import ARRAY, CALLS, DTYPE_BYTES, Instr, shape_bytes
 
 COLLECTIVES = (
     "all-reduce",
@@ -143,7 +143,7 @@ def _dtype(instr: Instr | None) -> str:
 
 def _root(instr: Instr, scope: dict[str, Instr], comps: dict[str, list[Instr]]) -> tuple[Instr | None, dict]:
     """The value-producing instruction behind `instr` (a fusion's root; bitcasts, copies... looked through)."""
-    callee = re.search(r"calls=%?([\w.\-]+)", instr.attrs) if instr.opcode == "fusion" else None
+    callee = CALLS.search(instr.attrs) if instr.opcode == "fusion" else None
     node = instr
     if callee and callee.group(1) in comps:
         scope = {i.name: i for i in comps[callee.group(1)]}
@@ -161,7 +161,7 @@ def _converted_to(name: str, dtype: str, instrs: list[Instr], comps: dict[str, l
             ok = _converted_to(user.name, dtype, instrs, comps)
         elif user.opcode == "convert":
             ok = _dtype(user) == dtype
-        elif user.opcode == "fusion" and (callee := re.search(r"calls=%?([\w.\-]+)", user.attrs)):
+        elif user.opcode == "fusion" and (callee := CALLS.search(user.attrs)):
             body = comps.get(callee.group(1), [])
             param = next(
                 (i.name for i in body if i.opcode == "parameter" and i.args == str(user.operands.index(via))), None

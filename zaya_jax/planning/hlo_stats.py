@@ -39,7 +39,17 @@ from zaya_jax.planning.hlo_collectives import (
     parse_groups,
     payload_bytes,
 )
-from zaya_jax.planning.hlo_text import DTYPE_BYTES, NAME, Instr, parse_computations, shape_bytes, shape_dims
+from zaya_jax.planning.hlo_text import (
+    CALLS,
+    DTYPE_BYTES,
+    NAME,
+    Instr,
+    gemm_call,
+    op_name,
+    parse_computations,
+    shape_bytes,
+    shape_dims,
+)
 
 __all__ = [
     "COLLECTIVES",
@@ -107,19 +117,16 @@ def _callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int
     if instr.opcode == "while":
         body = re.search(r"body=%?([\w.\-]+)", a)
         return [(body.group(1), _trip_count(instr, comps))] if body else []
-    out = [(c, 1) for c in re.findall(r"calls=%?([\w.\-]+)", a)]
+    out = [(c, 1) for c in CALLS.findall(a)]
     if instr.opcode == "call":
         out += [(c, 1) for c in re.findall(r"to_apply=%?([\w.\-]+)", a)]
     return out + [(c, 1) for c in _branches(instr)]
 
 
-_GEMM_CALL = re.compile(r'custom_call_target="__cublas\$(?!lt\$groupedMatmul)[^"]*"')  # cuBLAS / hipBLASLt
-
-
 def is_gemm_call(instr: Instr) -> bool:
-    """A GPU GEMM library call (`__cublas$gemm`, `__cublas$lt$matmul`; hipBLASLt on ROCm uses the same names).
-    Its result is a tuple (product, s8 workspace)."""
-    return instr.opcode == "custom-call" and _GEMM_CALL.search(instr.attrs) is not None
+    """A dense GPU GEMM library call (`hlo_text.gemm_call`); a grouped one's FLOPs depend on the routing, known at
+    run time, so they are not counted from its shapes."""
+    return gemm_call(instr) == "dense"
 
 
 def _dot_flops(instr: Instr, shapes: dict[str, str]) -> float:
@@ -197,7 +204,7 @@ def _traffic(instr: Instr, shapes: dict[str, str], comps: dict[str, list[Instr]]
         return 2 * shape_bytes(instr.shape)
     if op == "dynamic-update-slice" and len(instr.operands) > 1:
         return 2 * shape_bytes(shapes.get(instr.operands[1], ""))
-    callee = re.search(r"calls=%?([\w.\-]+)", instr.attrs)
+    callee = CALLS.search(instr.attrs)
     if op == "fusion" and callee and callee.group(1) in comps:
         return _fusion_traffic(instr, shapes, comps[callee.group(1)])
     if is_gemm_call(instr):  # the product, not the library's scratch workspace
@@ -216,11 +223,6 @@ def autodiff_tag(op_name: str) -> str:
     return "autodiff" if "jvp(" in op_name else "other"
 
 
-def _op_name(instr: Instr) -> str:
-    m = re.search(r'op_name="([^"]*)"', instr.attrs)
-    return m.group(1) if m else ""
-
-
 def _caller_op_names(comps: dict[str, list[Instr]]) -> dict[str, str]:
     """For every called computation, an op_name describing its call site: the calling instruction's own, else
     that of an instruction producing one of its operands, else the enclosing computation's call site."""
@@ -229,7 +231,7 @@ def _caller_op_names(comps: dict[str, list[Instr]]) -> dict[str, str]:
         by_name = {i.name: i for i in instrs}
         for instr in instrs:
             for callee, _ in _callees(instr, comps):
-                names = [_op_name(instr)] + [_op_name(by_name[o]) for o in instr.operands if o in by_name]
+                names = [op_name(instr)] + [op_name(by_name[o]) for o in instr.operands if o in by_name]
                 direct.setdefault(callee, next((n for n in names if n), ""))
                 parent.setdefault(callee, comp)
 
@@ -311,7 +313,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
             if instr.opcode in ("dot", "convolution") or is_gemm_call(instr):
                 f = _dot_flops(instr, shapes)
                 cost.flops, cost.flops_once = cost.flops + f, cost.flops_once + f
-                cost.by_tag[classify(_op_name(instr) or caller_op.get(name, ""))] += f
+                cost.by_tag[classify(op_name(instr) or caller_op.get(name, ""))] += f
             kind = instr.opcode[:-6] if instr.opcode.endswith("-start") else instr.opcode
             if kind in COLLECTIVES:
                 key = f"{name}/{instr.name}"

@@ -33,6 +33,10 @@ _HEADER = re.compile(r"^(ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([0-9,]*)\]")
 NAME = re.compile(r"%([\w.\-]+)")
+CALLS = re.compile(r"calls=%?([\w.\-]+)")  # the computation(s) a fusion / call runs
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_TARGET = re.compile(r'custom_call_target="([^"]+)"')
+_GEMM_TARGET = re.compile(r"^__cublas\$")  # cuBLAS / cuBLASLt; hipBLASLt on ROCm uses the same names
 
 
 @dataclasses.dataclass
@@ -134,3 +138,25 @@ def widened_parameter_bytes(text: str) -> float:
             if source.startswith("bf16") and i.shape.startswith("f32") and shape_dims(source) == shape_dims(i.shape):
                 total += shape_bytes(i.shape)
     return total
+
+
+def op_name(instr: Instr) -> str:
+    """The JAX op_name metadata of an instruction ('' when it has none)."""
+    m = _OP_NAME.search(instr.attrs)
+    return m.group(1) if m else ""
+
+
+def call_target(instr: Instr) -> str:
+    """A custom call's `custom_call_target` ('' for any other instruction)."""
+    m = _TARGET.search(instr.attrs) if instr.opcode == "custom-call" else None
+    return m.group(1) if m else ""
+
+
+def gemm_call(instr: Instr) -> str:
+    """ "dense" for a GPU GEMM library call (`__cublas$gemm`, `__cublas$lt$matmul`; its result is a tuple
+    (product, s8 workspace)), "grouped" for a grouped one (`__cublas$lt$groupedMatmul`: each group runs only the
+    rows routed to it, known at run time), "" for anything else."""
+    target = call_target(instr)
+    if not _GEMM_TARGET.match(target):
+        return ""
+    return "grouped" if "grouped" in target.lower() else "dense"

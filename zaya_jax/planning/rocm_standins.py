@@ -10,11 +10,15 @@ ROCm install, this module
 1. builds (once, with `gcc`, into `~/.cache/zaya_jax/rocm_standins/<plugin digest>/`) one shared object per
    missing library, with the library's soname and the symbol versions the plugin asks for, whose every function
    returns 1 (an error code: nothing here may pretend a call worked);
-2. loads them into this process (`ctypes`, RTLD_GLOBAL: the linker matches the plugin's needed libraries by
-   soname), and registers the plugin with the GPU count check bypassed.
+   An unversioned symbol that a library the linker does find already defines (libstdc++'s, libc's, ...) gets
+   no stand-in;
+2. loads them into this process (`ctypes`, RTLD_LOCAL: the linker matches the plugin's needed libraries by
+   soname among those loaded, and their symbols serve only the plugin), and registers the plugin with the GPU
+   count check bypassed.
 
-It runs only for compile-only work (`zaya_jax.planning.gpu_target.topology_devices`) and refuses when an AMD GPU
-is visible or the real libraries are installed: a process that could run on a real GPU never loads a stand-in.
+It runs only for compile-only work (`zaya_jax.planning.gpu_target.topology_devices`, in a JAX_PLATFORMS=cpu
+process) and refuses when an AMD GPU is visible: a process that could run on a real GPU never loads a stand-in.
+Only libraries the linker cannot find get one: with the ROCm runtime installed, nothing is built or loaded.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import subprocess
 import tempfile
 
 CACHE = os.path.join("~", ".cache", "zaya_jax", "rocm_standins")
+_FORMAT = "2"  # part of the cache key: stand-ins built by an older version of this module are not reused
 _SKIP_VERSIONS = re.compile(r"^(GLIBC|GLIBCXX|CXXABI|GCC)_")
 
 
@@ -53,12 +58,30 @@ def plugin_library() -> str:
 def _run(*cmd: str) -> str:
     if shutil.which(cmd[0]) is None:
         raise StandinError(f"`{cmd[0]}` is needed to build the ROCm stand-in libraries; install binutils and gcc")
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    try:
+        return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    except subprocess.CalledProcessError as err:
+        last = (
+            [ln.strip() for ln in (err.stderr or "").splitlines() if ln.strip()] or [f"exit code {err.returncode}"]
+        )[-1]
+        raise StandinError(f"`{' '.join(cmd[:2])} ...` failed while building the ROCm stand-ins: {last[:300]}") from err
 
 
 def missing_libraries(plugin: str) -> list[str]:
     """Sonames the plugin needs that the dynamic linker cannot find on this host."""
     return re.findall(r"^\s*(\S+) => not found", _run("ldd", plugin), flags=re.M)
+
+
+def _found_symbols(plugin: str) -> set[str]:
+    """Names of the dynamic symbols defined by the libraries the linker finds for the plugin (libstdc++, libc, ...)."""
+    found = re.findall(r"^\s*\S+ => (/\S+)", _run("ldd", plugin), flags=re.M)
+    names = set()
+    for lib in found:
+        for line in _run("readelf", "--dyn-syms", "--wide", lib).splitlines():
+            cols = line.split()
+            if len(cols) >= 8 and cols[6] != "UND" and cols[4] in ("GLOBAL", "WEAK"):
+                names.add(cols[7].split("@", 1)[0])
+    return names
 
 
 def _needed_versions(plugin: str) -> dict[str, str]:
@@ -88,9 +111,12 @@ def _undefined_symbols(plugin: str) -> list[tuple[str, str, str]]:
 def _sources(plugin: str, missing: list[str]) -> dict[str, tuple[str, str]]:
     """soname → (C source, version script) for every missing library."""
     versions = _needed_versions(plugin)
+    defined = _found_symbols(plugin)
     per_lib: dict[str, dict[str, list[tuple[str, str]]]] = {lib: {} for lib in missing}
     for name, version, kind in _undefined_symbols(plugin):
         if version and _SKIP_VERSIONS.match(version):
+            continue
+        if not version and name in defined:  # e.g. std::filesystem from libstdc++: no stub shadows it
             continue
         # a versioned symbol must come from the library that defines its version; an unversioned one from any
         lib = versions.get(version) if version else missing[0]
@@ -115,7 +141,7 @@ def build(plugin: str, cache: str = CACHE) -> list[str]:
     if not missing:
         return []
     with open(plugin, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+        digest = hashlib.sha256(f.read() + _FORMAT.encode()).hexdigest()[:16]
     folder = os.path.join(os.path.expanduser(cache), digest)
     paths = [os.path.join(folder, lib) for lib in missing]
     if all(os.path.exists(p) for p in paths):
@@ -151,7 +177,7 @@ def register_compile_only_plugin() -> None:
         raise StandinError("an AMD GPU is visible: the ROCm plugin registers itself; no stand-ins are loaded")
     plugin = plugin_library()
     for path in build(plugin):
-        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(path, mode=ctypes.RTLD_LOCAL)
     import jax_plugins.xla_rocm7 as rocm_plugin
     from jax._src import hardware_utils
 
