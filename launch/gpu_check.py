@@ -84,20 +84,6 @@ def lower(platforms: list[str]) -> None:
         sys.exit(cli.EXIT_FAILURE)
 
 
-def check_out_dir(path: str) -> str:
-    """Check `--out` before any work (one line, exit 78): not an existing file, and a folder that can be made and
-    written; nothing is created yet (a refused command leaves the user's folders as they were)."""
-    path = os.path.abspath(os.path.expanduser(path))
-    if os.path.exists(path) and not os.path.isdir(path):
-        cli.fail(PROG, f"--out={path} is an existing file; give a folder for the report")
-    parent = path
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        cli.fail(PROG, f"--out={path}: {parent} is not a writable folder; give a folder the report can be written to")
-    return path
-
-
 def make_out_dir(path: str) -> str:
     """Create the checked `--out` folder once the inputs are known good, before the work that fills it."""
     try:
@@ -172,7 +158,7 @@ def compile_targets(targets: list[str], out_dir: str | None) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    out_dir = check_out_dir(FLAGS.out) if FLAGS.out else None
+    out_dir = cli.check_out_dir(PROG, FLAGS.out, "the report") if FLAGS.out else None
     if FLAGS.compile:
         compile_targets(FLAGS.compile, out_dir)
         return

@@ -3,7 +3,7 @@
 A target is a device description XLA's GPU compiler reads instead of querying a device (a `GpuTargetConfigProto`
 as text, kept in `zaya_jax/planning/gpu_targets/<name>.txtpb` with the facts it encodes and their source), the
 platform's XLA flags (`gpu_targets/<platform>.xla_flags`, the one list: launch/<platform>/env.sh sets them for a real
-run too), and the planner's `sizing.Hardware` of the device (HBM capacity, peaks). `topology_devices` makes the
+run too), and the `zaya_jax.hardware.Hardware` of the device (HBM capacity, peaks). `topology_devices` makes the
 compile-only devices of `nodes` × `gpus_per_node` such GPUs (`jax.experimental.topologies.get_topology_desc`).
 """
 
@@ -17,7 +17,7 @@ import os
 import ml_collections
 
 from zaya_jax.config import ConfigError
-from zaya_jax.planning import sizing
+from zaya_jax.hardware import get_hardware
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -26,7 +26,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 class GpuTarget:
     name: str  # h100 | h200 | mi300x | mi325x
     platform: str  # cuda | rocm (jax's platform name, and launch/<platform>/env.sh)
-    hardware: str  # key of sizing.HARDWARE
+    hardware: str  # key of zaya_jax.hardware.HARDWARE
 
     @property
     def config_file(self) -> str:
@@ -34,7 +34,7 @@ class GpuTarget:
 
     @property
     def hbm_bytes(self) -> float:
-        return sizing.get_hardware(self.hardware).memory_bytes
+        return get_hardware(self.hardware).memory_bytes
 
 
 TARGETS = {
