@@ -139,10 +139,10 @@ def _bench_config(f: flags.FlagValues, default: str, *, quick_model: bool = Fals
     config = validate(f.config) if f.config is not None else load_config(default)
     if not quick_model:
         return config
-    from zaya_jax.bench.inputs import QUICK_MODEL
+    from zaya_jax.bench.inputs import quick_model
 
     config = config.copy_and_resolve_references()
-    config.model.update(QUICK_MODEL)
+    config.model.update(quick_model())
     return validate(config)
 
 

@@ -37,7 +37,7 @@ from jax.sharding import NamedSharding
 from benchmarks.peers import torch_ref
 from zaya_jax import host_memory
 from zaya_jax.bench import common, gemm
-from zaya_jax.bench.inputs import QUICK_MODEL, make_batches
+from zaya_jax.bench.inputs import make_batches, quick_model
 from zaya_jax.config import validate
 from zaya_jax.hf.io import model_arrays
 from zaya_jax.model.flops import train_flops_per_token
@@ -92,7 +92,7 @@ def bench_config(
     c = ml_collections.ConfigDict(config.to_dict())
     m, t = c.model, c.train
     if quick:
-        m.update(QUICK_MODEL)
+        m.update(quick_model())
         t.global_batch_size, t.seq_len = 4, 64
     m.skip_output = "zero"
     for name, value in (("dispatch", dispatch), ("dtype", dtype), ("remat", remat)):

@@ -177,10 +177,10 @@ def _tiny_config():
 
 def test_moe_suite_quick(tmp_path):
     from zaya_jax.bench import moe
-    from zaya_jax.bench.inputs import QUICK_MODEL
+    from zaya_jax.bench.inputs import quick_model
 
     m = _tiny_config().model
-    m.update(QUICK_MODEL)
+    m.update(quick_model())
     rows = moe.run(
         str(tmp_path),
         m,
@@ -228,10 +228,10 @@ def test_compile_suite_quick(tmp_path):
 
 def test_checkpoint_suite_quick(tmp_path):
     from zaya_jax.bench import ckpt
-    from zaya_jax.bench.inputs import QUICK_MODEL
+    from zaya_jax.bench.inputs import quick_model
 
     config = _tiny_config()
-    config.model.update(QUICK_MODEL)
+    config.model.update(quick_model())
     config.model.num_layers = 1
     rows = ckpt.run(
         str(tmp_path / "out"), config, directory=str(tmp_path), trials=1, optimizer="adamw", command="pytest"

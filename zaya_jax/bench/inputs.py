@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-# the `--quick` model of the bench suites: ~0.2M parameters, every block of the full model
-QUICK_MODEL = dict(
-    vocab_size=512,
-    hidden_size=64,
-    num_layers=2,
-    num_q_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-    num_experts=4,
-    moe_intermediate_size=64,
-    router_hidden_size=16,
-    max_position_embeddings=256,
-)
+from zaya_jax.config import GEOMETRY_FIELDS, load_config
+
+
+def quick_model() -> dict:
+    """The `--quick` model of the bench suites: the `tiny` variant's geometry (experiments/zaya1.py: every
+    block of the full model at the smallest sizes), as `config.model` fields."""
+    tiny = load_config("experiments/zaya1.py:tiny").model
+    return {name: tiny[name] for name in GEOMETRY_FIELDS}
 
 
 def make_batches(vocab: int, batch: int, seq: int, n: int, seed: int = 0) -> list[np.ndarray]:
