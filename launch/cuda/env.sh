@@ -16,23 +16,11 @@ export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-.90}
 # One hardware work queue on Hopper, so that a collective launched first also starts first [B].
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 
-# XLA flags [B]: one per line, with why, in zaya_jax/planning/gpu_targets/cuda.xla_flags (the one list: the
-# compile-only GPU check, zaya_jax.planning.gpu_target, reads it too).
-_zaya_flags_file="$(dirname "${BASH_SOURCE[0]}")/../../zaya_jax/planning/gpu_targets/cuda.xla_flags"
-if [[ ! -r "$_zaya_flags_file" ]]; then
-  echo "env.sh: $_zaya_flags_file (the XLA flags) is missing" >&2
-  return 1
-fi
-_zaya_xla_flags=()
-while read -r _zaya_line; do  # one flag per line; '#' starts a comment
-  _zaya_line="${_zaya_line%%#*}"
-  if [[ -n "${_zaya_line//[[:space:]]/}" ]]; then _zaya_xla_flags+=("${_zaya_line%%[[:space:]]*}"); fi
-done <"$_zaya_flags_file"
+# XLA flags [B]: one per line, with why, in zaya_jax/planning/gpu_targets/cuda.xla_flags (launch/xla_flags.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/../xla_flags.sh" && zaya_export_xla_flags cuda || return 1
 # jax >= 0.12 on several nodes: add --xla_gpu_experimental_use_collective_kernels= (NCCL for every collective) to
 # XLA_FLAGS; XLA 0.12 aborts compiling its Triton kernel for the step's scalar all-reduce at 8 x 8 H100, and
 # XLA 0.10.2 does not know the flag (docs/planner.md, "The data:64 H100 abort").
-export XLA_FLAGS="${XLA_FLAGS:-} ${_zaya_xla_flags[*]}"
-unset _zaya_xla_flags _zaya_flags_file _zaya_line
 # Quiet C++ logs [B].
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 # NCCL: warnings only; INFO (plus NCCL_DEBUG_SUBSYS=INIT,NET) shows the rings and NICs chosen.

@@ -25,20 +25,8 @@ export JAX_LOCAL_DEVICE_IDS=${JAX_LOCAL_DEVICE_IDS:-$(seq -s, 0 $((GPUS_PER_NODE
 # Fraction of HBM the XLA client preallocates; AMD's MI300X MaxText recipes use .97 to avoid HSA out-of-memory
 # errors in multi-node runs [B]. 192 GB per GPU [B].
 export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-.97}
-# XLA flags [B]: one per line, with why, in zaya_jax/planning/gpu_targets/rocm.xla_flags (the one list: the
-# compile-only GPU check, zaya_jax.planning.gpu_target, reads it too).
-_zaya_flags_file="$(dirname "${BASH_SOURCE[0]}")/../../zaya_jax/planning/gpu_targets/rocm.xla_flags"
-if [[ ! -r "$_zaya_flags_file" ]]; then
-  echo "env.sh: $_zaya_flags_file (the XLA flags) is missing" >&2
-  return 1
-fi
-_zaya_xla_flags=()
-while read -r _zaya_line; do  # one flag per line; '#' starts a comment
-  _zaya_line="${_zaya_line%%#*}"
-  if [[ -n "${_zaya_line//[[:space:]]/}" ]]; then _zaya_xla_flags+=("${_zaya_line%%[[:space:]]*}"); fi
-done <"$_zaya_flags_file"
-export XLA_FLAGS="${XLA_FLAGS:-} ${_zaya_xla_flags[*]}"
-unset _zaya_xla_flags _zaya_flags_file _zaya_line
+# XLA flags [B]: one per line, with why, in zaya_jax/planning/gpu_targets/rocm.xla_flags (launch/xla_flags.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/../xla_flags.sh" && zaya_export_xla_flags rocm || return 1
 # Quiet C++ logs (benign shutdown messages) [B].
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}
 
