@@ -157,7 +157,7 @@ def train(
             if peak is not None:
                 metrics["mfu"] = tps * flops_per_token / peak
             row = writer.write(step + 1, metrics)
-            history.append(row)
+            history = [r for r in history if r["step"] > step + 1 - health.BALANCE_WINDOW] + [row]  # the window only
             bar.set_postfix(health.progress_fields(row, tps, health.window_balance(history)))
             for msg in monitor.update(step + 1, row) if writer.enabled else ():
                 with tqdm.external_write_mode():
