@@ -15,7 +15,8 @@ Four implementations (`model.kernels.grouped_gemm`), all computing exactly the a
   dtype too. This is what XLA lowers to hipBLASLt's grouped GEMM on ROCm, forward and backward (the `auto`
   choice there, `zaya_jax.kernels.choice`); weight gradients reach the fp32 parameters through the cast's
   transpose, and micro-batches still accumulate them in fp32.
-* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed.
+* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed; results in
+  the compute dtype like `ragged_dot_bf16` (its Mosaic GPU backward needs the cotangent in the operands' dtype).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def dropless_swiglu(kernel: str, x: jax.Array, choice: jax.Array, gate: jax.Arra
     if kernel == "loops":
         return grouped_local(x, choice, gate, *experts)
     w_in, w_out = experts.of_layer()
-    result = x.dtype if kernel == "ragged_dot_bf16" else jnp.float32
+    result = x.dtype if kernel in ("ragged_dot_bf16", "tokamax") else jnp.float32
     return _ragged_local(_ragged_dot_of(kernel), x, choice, gate, w_in, w_out, result)
 
 
