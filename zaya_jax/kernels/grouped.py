@@ -7,9 +7,9 @@ Four implementations (`model.kernels.grouped_gemm`), all computing exactly the a
 * `loops`: per-expert loops of chunked GEMMs (`zaya_jax.kernels.grouped_loops`), XLA:CPU's fast path (XLA:CPU
   lowers `ragged_dot` to one dense masked dot, E× the work). It can read the whole [L, E, ...] expert stacks of
   the decoder (`ExpertWeights.layer`), so the layer scan hands them over unsliced.
-* `ragged_dot`: `jax.lax.ragged_dot`, lowered by XLA for the platform: on ROCm a hipBLASLt grouped GEMM with
-  `--xla_gpu_experimental_use_ragged_dot_grouped_gemm` (launch/rocm/env.sh) when the result is bf16, else
-  XLA's default lowering. Results in fp32 (the ragged_dot asks for them): on ROCm a dense hipBLASLt GEMM.
+* `ragged_dot`: `jax.lax.ragged_dot` with fp32 results, lowered by XLA for the platform: on ROCm dense hipBLASLt
+  GEMMs over all experts (`--xla_gpu_experimental_use_ragged_dot_grouped_gemm` of launch/rocm/env.sh takes bf16
+  results only), on CUDA XLA's default lowering.
 * `ragged_dot_bf16`: the same with its result in the compute dtype (`model.dtype`: bf16 in the GPU configs), fp32
   accumulation inside the GEMM; the backward's GEMMs (input and weight gradients) take and give the compute
   dtype too. This is what XLA lowers to hipBLASLt's grouped GEMM on ROCm, forward and backward (the `auto`
