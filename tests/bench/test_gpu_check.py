@@ -110,6 +110,7 @@ def test_cuda_cases_default_first_and_flag_case_in_a_subprocess(monkeypatch):
     assert list(planned) == [
         "tiny ragged_dot (XLA default lowering) (default)",  # auto on CUDA: ragged_dot, cuDNN attention
         "tiny ragged_dot (grouped lowering flag)",
+        "tiny ragged_dot_bf16",
         "tiny tokamax",
         "tiny capacity",
         "tiny attention xla",  # attention cudnn is the default case already
@@ -120,7 +121,9 @@ def test_cuda_cases_default_first_and_flag_case_in_a_subprocess(monkeypatch):
 def test_rocm_flag_in_the_environment_makes_the_grouped_lowering_the_default(monkeypatch):
     flag = cases.GROUPED_LOWERING_FLAG["rocm"]
     planned = _planned("rocm", monkeypatch, f"--xla_foo=1 {flag}=true")
-    assert list(planned)[0] == "tiny ragged_dot (grouped lowering flag) (default)"
+    assert list(planned)[0] == "tiny ragged_dot_bf16 (default)"  # auto on ROCm, with the flag as XLA_FLAGS has it
+    assert not planned["tiny ragged_dot_bf16 (default)"].subprocess
+    assert not planned["tiny ragged_dot (grouped lowering flag)"].subprocess
     assert planned["tiny ragged_dot (XLA default lowering)"].subprocess  # needs the flag switched off
     assert "tiny attention xla" not in planned  # ROCm's only attention kernel is the default's
     assert cases.with_flag(flag, False, f"--xla_foo=1 {flag}=true") == f"--xla_foo=1 {flag}=false"
@@ -131,8 +134,10 @@ def test_defaults_of_every_config_first_then_kernel_by_kernel(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "")
     refs = [cases.ConfigRef(n, "tiny", cases.BF16 + (("model.kernels.platform", "rocm"),)) for n in ("a", "b")]
     assert [p.label for p in throughput.plan_cases(refs, "rocm", tokamax=False)] == [
-        "a ragged_dot (XLA default lowering) (default)",
-        "b ragged_dot (XLA default lowering) (default)",
+        "a ragged_dot_bf16 (default)",
+        "b ragged_dot_bf16 (default)",
+        "a ragged_dot (XLA default lowering)",
+        "b ragged_dot (XLA default lowering)",
         "a ragged_dot (grouped lowering flag)",
         "b ragged_dot (grouped lowering flag)",
         "a capacity",

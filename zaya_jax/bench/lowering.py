@@ -114,7 +114,7 @@ def _expected(chosen, mesh: dict | None) -> list[str]:
     """Substrings the lowered module must contain for the kernels `chosen` and the step's mesh."""
     expert_parallel = mesh is not None and mesh["expert"] > 1
     needed = []
-    if not expert_parallel and chosen.grouped_gemm == "ragged_dot":
+    if not expert_parallel and chosen.grouped_gemm in ("ragged_dot", "ragged_dot_bf16"):
         needed.append("chlo.ragged_dot")
     if mesh is not None and chosen.attention == "cudnn":
         needed.append("cudnn")

@@ -40,7 +40,7 @@ DROPLESS_DISPATCHES = ("dropless", "dense")
 # resolves once, when the model is built, from `model.kernels.platform` (docs/kernels.md)
 KERNEL_PLATFORMS = ("auto", "cpu", "cuda", "rocm")
 MATMUL_KERNELS = ("auto", "xla", "xla_cpu")  # xla_cpu: bf16 GEMMs in XLA:CPU's fast layout, residuals as bits
-GROUPED_GEMM_KERNELS = ("auto", "loops", "ragged_dot", "tokamax")  # dropless expert GEMMs
+GROUPED_GEMM_KERNELS = ("auto", "loops", "ragged_dot", "ragged_dot_bf16", "tokamax")  # dropless expert GEMMs
 ATTENTION_KERNELS = ("auto", "xla", "cudnn")  # xla: chunked causal einsums; cudnn: fused (CUDA, bf16)
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 CONTEXT_LAYOUTS = ("contiguous", "zigzag")

@@ -24,9 +24,10 @@ AUTO = {
     "cpu": ("xla_cpu", "loops", "xla"),
     # CUDA: cuBLAS picks layouts; ragged_dot as XLA lowers it; cuDNN flash attention for bf16 (fp32: xla)
     "cuda": ("xla", "ragged_dot", "cudnn"),
-    # ROCm: hipBLASLt; ragged_dot with the hipBLASLt grouped-GEMM lowering (launch/rocm/env.sh); no fused
-    # attention in jax for ROCm (Transformer Engine's CK kernels are a separate install)
-    "rocm": ("xla", "ragged_dot", "xla"),
+    # ROCm: hipBLASLt; ragged_dot with a compute-dtype (bf16) result, which the grouped-GEMM flag of
+    # launch/rocm/env.sh lowers to hipBLASLt's grouped GEMM forward and backward (an fp32 result: a dense GEMM
+    # over all experts); no fused attention in jax for ROCm (Transformer Engine's CK kernels are a separate install)
+    "rocm": ("xla", "ragged_dot_bf16", "xla"),
 }
 
 
@@ -36,7 +37,7 @@ class Kernels:
 
     platform: str  # cpu | cuda | rocm
     matmul: str  # xla | xla_cpu
-    grouped_gemm: str  # loops | ragged_dot | tokamax
+    grouped_gemm: str  # loops | ragged_dot | ragged_dot_bf16 | tokamax
     attention: str  # xla | cudnn
 
     def __str__(self) -> str:

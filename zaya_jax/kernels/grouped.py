@@ -2,14 +2,21 @@
 docs/kernels.md). Tokens are sorted by expert, each expert's rows run through its own W_in / W_out, and the
 results go back to token order times the gate.
 
-Three implementations (`model.kernels.grouped_gemm`), all computing exactly the active FLOPs' result:
+Four implementations (`model.kernels.grouped_gemm`), all computing exactly the active FLOPs' result:
 
 * `loops`: per-expert loops of chunked GEMMs (`zaya_jax.kernels.grouped_loops`), XLA:CPU's fast path (XLA:CPU
   lowers `ragged_dot` to one dense masked dot, E× the work). It can read the whole [L, E, ...] expert stacks of
   the decoder (`ExpertWeights.layer`), so the layer scan hands them over unsliced.
-* `ragged_dot`: `jax.lax.ragged_dot`, lowered by XLA for the platform: on ROCm a hipBLASLt grouped GEMM with
-  `--xla_gpu_experimental_use_ragged_dot_grouped_gemm` (launch/rocm/env.sh), else XLA's default lowering.
-* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed.
+* `ragged_dot`: `jax.lax.ragged_dot` with fp32 results, lowered by XLA for the platform: on ROCm dense hipBLASLt
+  GEMMs over all experts (`--xla_gpu_experimental_use_ragged_dot_grouped_gemm` of launch/rocm/env.sh takes bf16
+  results only), on CUDA XLA's default lowering.
+* `ragged_dot_bf16`: the same with its result in the compute dtype (`model.dtype`: bf16 in the GPU configs), fp32
+  accumulation inside the GEMM; the backward's GEMMs (input and weight gradients) take and give the compute
+  dtype too. This is what XLA lowers to hipBLASLt's grouped GEMM on ROCm, forward and backward (the `auto`
+  choice there, `zaya_jax.kernels.choice`); weight gradients reach the fp32 parameters through the cast's
+  transpose, and micro-batches still accumulate them in fp32.
+* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed; results in
+  the compute dtype like `ragged_dot_bf16` (its Mosaic GPU backward needs the cotangent in the operands' dtype).
 """
 
 from __future__ import annotations
@@ -43,11 +50,12 @@ def dropless_swiglu(kernel: str, x: jax.Array, choice: jax.Array, gate: jax.Arra
     if kernel == "loops":
         return grouped_local(x, choice, gate, *experts)
     w_in, w_out = experts.of_layer()
-    return _ragged_local(_ragged_dot_of(kernel), x, choice, gate, w_in, w_out)
+    result = x.dtype if kernel in ("ragged_dot_bf16", "tokamax") else jnp.float32
+    return _ragged_local(_ragged_dot_of(kernel), x, choice, gate, w_in, w_out, result)
 
 
 def _ragged_dot_of(kernel: str):
-    if kernel == "ragged_dot":
+    if kernel in ("ragged_dot", "ragged_dot_bf16"):
         return jax.lax.ragged_dot
     if kernel == "tokamax":
         try:
@@ -61,14 +69,16 @@ def _ragged_dot_of(kernel: str):
     raise ValueError(f"unknown grouped-GEMM kernel {kernel!r}")
 
 
-def _ragged_local(ragged_dot, x, choice, gate, w_in, w_out) -> jax.Array:
-    """Stable sort by expert (skip tokens last), two grouped GEMMs, unsort."""
+def _ragged_local(ragged_dot, x, choice, gate, w_in, w_out, result) -> jax.Array:
+    """Stable sort by expert (skip tokens last), two grouped GEMMs with `result`-dtype outputs (the SwiGLU and
+    the gate in fp32), unsort."""
     num_experts, dt = w_in.shape[0], x.dtype
     order = jnp.argsort(choice, stable=True)
     sizes = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
-    gate_up = ragged_dot(x[order], w_in.astype(dt), sizes, preferred_element_type=jnp.float32)
+    gate_up = ragged_dot(x[order], w_in.astype(dt), sizes, preferred_element_type=result).astype(jnp.float32)
     g, up = jnp.split(gate_up, 2, axis=-1)
-    ys = ragged_dot((jax.nn.silu(g) * up).astype(dt), w_out.astype(dt), sizes, preferred_element_type=jnp.float32)
+    act = (jax.nn.silu(g) * up).astype(dt)
+    ys = ragged_dot(act, w_out.astype(dt), sizes, preferred_element_type=result).astype(jnp.float32)
     valid = jnp.arange(x.shape[0]) < jnp.sum(sizes)  # rows past the groups (skip tokens) are unspecified
     ys = jnp.where(valid[:, None], ys, 0.0)
     expert_token = (choice < num_experts)[:, None]

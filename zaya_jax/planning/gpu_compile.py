@@ -17,6 +17,7 @@ import dataclasses
 import re
 import time
 
+import jax
 import ml_collections
 
 from zaya_jax.planning import gpu_program, gpu_target, hlo_stats
@@ -102,8 +103,9 @@ def _expert_tag(op_name: str) -> str:
 
 def _expert_executed(hlo: hlo_stats.HloStats, lowerings: dict[str, int], routed: float) -> float:
     """Executed expert-GEMM FLOPs per device: the counted dense dots / GEMM calls, plus, for grouped GEMM calls
-    (which run only the rows routed to each expert, known at run time), their share of the routed FLOPs."""
-    grouped = lowerings.get("grouped GEMM call", 0)
+    and Pallas ragged dots (which run only the rows routed to each expert, known at run time), their share of the
+    routed FLOPs."""
+    grouped = sum(n for kind, n in lowerings.items() if kind.startswith("grouped "))
     share = grouped / sum(lowerings.values()) if grouped else 0.0
     return hlo.dot_flops_by_tag.get("expert", 0.0) + share * routed
 
@@ -171,7 +173,8 @@ def compile_step(
     cfg = for_target(config, target)
     t0 = time.perf_counter()
     try:
-        lowered, mesh, _ = lower_train_step(cfg, devices)
+        with jax.default_device(devices[0]):  # a library asking the default device (tokamax) sees the target
+            lowered, mesh, _ = lower_train_step(cfg, devices)
         t1 = time.perf_counter()
         result.lower_s = t1 - t0
         compiled = _compile(lowered, gpu_target.compiler_options(target.platform, extra_flags), result.notes)

@@ -4,7 +4,8 @@
 * kernels: fusions, custom calls (by target: cuBLAS / hipBLASLt GEMMs, cuDNN attention, ...) and dots;
 * expert GEMMs: every dot or GEMM call whose JAX op_name is in the `experts` scope (the expert SwiGLU, dropless
   or over capacity slots) or comes from `ragged_dot`, and how XLA lowered it (`_expert_gemms`: a dense dot, a
-  ragged-dot, a dense GEMM library call or a grouped one, `hlo_text.gemm_call`);
+  ragged-dot, a dense GEMM library call or a grouped one, `hlo_text.gemm_call`), or a kernel library's Pallas
+  ragged-dot kernel (tokamax's Mosaic GPU / Triton kernels: grouped, like the grouped GEMM call);
 * attention: cuDNN fused attention calls, and every buffer with two trailing dims equal to the sequence length
   (an `[.., S, S]` score matrix that a fused kernel never materialises);
 * collectives in schedule order: each async `*-start` with what the latency-hiding scheduler put between it and
@@ -25,6 +26,9 @@ from zaya_jax.planning.hlo_text import CALLS, Instr, call_target, gemm_call, op_
 # attention (`Kernels.causal_attention`); a backward op carries them inside `transpose(jvp(...))`
 _EXPERT = re.compile(r"(^|[/(])experts([/)]|$)|ragged_dot")
 _ATTENTION = re.compile(r"(^|[/(])attention([/)]|$)")
+# Pallas kernels (Mosaic GPU, Triton) as custom calls; one whose op_name names a ragged dot (tokamax's
+# `ragged_dot_sm90`, `ragged_contracting_dim_dot_sm90`) is a grouped GEMM: it runs only the routed rows
+_PALLAS_TARGET = re.compile(r"^(mosaic_gpu|__gpu\$xla\.gpu\.triton)")
 
 
 def is_expert(op_name: str) -> bool:
@@ -46,7 +50,8 @@ class GpuProgram:
     fusions: int
     custom_calls: dict[str, int]  # target → count
     dots: int
-    # lowering → count: "dense dot", "ragged-dot" (left to the runtime), "dense GEMM call", "grouped GEMM call"
+    # lowering → count: "dense dot", "ragged-dot" (left to the runtime), "dense GEMM call", "grouped GEMM call",
+    # "grouped Pallas call"
     expert_gemms: dict[str, int]
     attention: str  # cudnn | xla
     square_buffers: list[str]  # instructions with an [.., S, S] result
@@ -80,9 +85,14 @@ def _contains(comp: str, comps: dict[str, list[Instr]], test, seen: set | None =
     return False
 
 
+def pallas_ragged_dot(instr: Instr) -> bool:
+    """A Pallas kernel call (Mosaic GPU, Triton) of a ragged dot: a grouped GEMM (see `_PALLAS_TARGET`)."""
+    return _PALLAS_TARGET.match(call_target(instr)) is not None and "ragged" in op_name(instr)
+
+
 def is_gemm(instr: Instr, comps: dict[str, list[Instr]]) -> bool:
-    """A GEMM kernel: a dot, a GEMM library call, or a fusion around a dot (Triton GEMM)."""
-    if instr.opcode == "dot" or gemm_call(instr):
+    """A GEMM kernel: a dot, a GEMM library call, a Pallas ragged dot, or a fusion around a dot (Triton GEMM)."""
+    if instr.opcode == "dot" or gemm_call(instr) or pallas_ragged_dot(instr):
         return True
     callee = CALLS.search(instr.attrs)
     return instr.opcode == "fusion" and callee is not None and _contains(callee.group(1), comps, _is_dot)
@@ -102,6 +112,8 @@ def _expert_gemms(comps: dict[str, list[Instr]]) -> Counter:
                 out["dense dot" if i.opcode == "dot" else "ragged-dot"] += 1
             elif gemm_call(i):
                 out[f"{gemm_call(i)} GEMM call"] += 1
+            elif pallas_ragged_dot(i):
+                out["grouped Pallas call"] += 1
     return out
 
 

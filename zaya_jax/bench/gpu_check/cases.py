@@ -86,6 +86,8 @@ def kernel_cases(platform: str, *, tokamax: bool) -> list[Case]:
         cases = [
             Case("ragged_dot (XLA default lowering)", dropless("ragged_dot"), lowering=False),
             Case("ragged_dot (grouped lowering flag)", dropless("ragged_dot"), lowering=True),
+            # bf16 results (auto on ROCm): what the ROCm flag lowers to a grouped GEMM; the flag as XLA_FLAGS has it
+            Case("ragged_dot_bf16", dropless("ragged_dot_bf16")),
         ]
         if tokamax:
             cases.append(Case("tokamax", dropless("tokamax")))

@@ -51,14 +51,14 @@ class Planned:
 
 def _signature(config: cases_lib.ConfigRef, case: cases_lib.Case, platform: str) -> tuple:
     """What actually runs: resolved kernels, dispatch (auto = dropless on one device), and the lowering flag's
-    state where it matters (a dropless `ragged_dot`)."""
+    state where it matters (a dropless `ragged_dot` / `ragged_dot_bf16`)."""
     m = config.load(case.overrides).model
     chosen = kernels.resolve(m)
     flag = cases_lib.GROUPED_LOWERING_FLAG.get(platform)
     lowering = case.lowering if case.lowering is not None else bool(flag and cases_lib.flag_state(flag))
     dispatch = "dropless" if m.dispatch == "auto" else m.dispatch
     grouped = chosen.grouped_gemm if dispatch == "dropless" else "-"
-    return chosen.attention, chosen.matmul, dispatch, grouped, lowering and grouped == "ragged_dot"
+    return chosen.attention, chosen.matmul, dispatch, grouped, lowering and grouped.startswith("ragged_dot")
 
 
 def plan_cases(configs: list[cases_lib.ConfigRef], platform: str, *, tokamax: bool) -> list[Planned]:
