@@ -65,9 +65,13 @@ def test_resume_after_sigkill_is_bitwise_identical(reference, data_dir, tmp_path
     workdir = str(tmp_path / "killed")
     first = run(train_cmd(workdir, data_dir, 8), 8, expect_rc=-9, ZAYA_FAULTS=f"sigkill@{STEPS // 2}")
     assert first.returncode == -9
-    run(train_cmd(workdir, data_dir, 8), 8)
+    second = run(train_cmd(workdir, data_dir, 8), 8)
     restored = [e for e in events(workdir) if e["event"] == "restored"]
     assert len(restored) == 1 and restored[0]["step"] in (STEPS // 2 - 2, STEPS // 2)
+    step = restored[0]["step"]  # the console says it resumed, and from where
+    assert f"resumed from step {step} (checkpoint {os.path.join(workdir, 'checkpoints', str(step))})" in (
+        second.stdout.splitlines()
+    )
     ref_losses, got = losses(reference), losses(workdir)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step, values in got.items():

@@ -16,7 +16,7 @@ from zaya_jax.train.optimizer import make_optimizer
 from zaya_jax.train.state import create_train_state, split_model
 from zaya_jax.train.step import make_train_step
 
-MESHES = [(1, 1), (8, 1), (4, 2), (2, 4), (1, 8)]
+MESHES = [(8, 1), (2, 4), (1, 8)]  # all data, data × expert, all expert
 
 
 def _config(data: int, expert: int, dispatch: str = "ep"):

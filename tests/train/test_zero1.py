@@ -85,7 +85,8 @@ def references():
 
 @pytest.mark.parametrize(
     "data,expert,remat",
-    [(1, 1, "none"), (8, 1, "none"), (4, 2, "full"), (2, 4, "none"), (3, 1, "full"), (6, 1, "none")],
+    # all data; data × expert; owners that do not divide the matrices (3 devices) with remat
+    [(8, 1, "none"), (2, 4, "none"), (3, 1, "full")],
 )
 def test_zero1_gradients_equal_single_device_dense(references, data, expert, remat):
     """remat=full: the layers' gradients are accumulated inside the backward pass (train.fused_backward)."""
@@ -129,7 +130,7 @@ def _train(config, steps: int = 2):
     return losses, jax.device_get(training.to_checkpoint(state))
 
 
-@pytest.mark.parametrize("data,expert", [(2, 4), (3, 1)])
+@pytest.mark.parametrize("data,expert", [(3, 1)])  # uneven owners; the 2 × 4 gradients are checked above
 def test_zero1_updates_equal_single_device_optimizer(data, expert):
     """Two steps of distributed Muon + AdamW (owner slots, flat shards, clipping over all devices) equal the
     per-parameter optax optimizer on one device: same losses, same parameters and optimizer state."""
