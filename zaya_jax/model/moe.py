@@ -121,6 +121,7 @@ def get_dispatch(name: str) -> Dispatch:
 class MoEStats(NamedTuple):
     counts: jax.Array  # [E+1] int32 router choices (before any capacity drop); slot E = skip
     dropped: jax.Array  # [] int32 expert tokens dropped by capacity
+    prob_sum: jax.Array  # [E+1] fp32 router probabilities summed over the tokens (the balancing warm start)
 
 
 EXPERT_WEIGHTS = nnx.Any(nnx.PathContains("w_in"), nnx.PathContains("w_out"))  # `MoE`'s expert weights
@@ -168,4 +169,5 @@ class MoE(nnx.Module):
             skip_gate = jnp.where(choice == m.num_experts, gate, 0.0)
             out = out + skip_gate[:, None] * flat_x.astype(jnp.float32)
         counts = jnp.bincount(choice, length=m.num_experts + 1).astype(jnp.int32)
-        return sharding.unflatten_tokens(out, b, s), routing.state, MoEStats(counts, result.dropped)
+        prob_sum = jax.lax.stop_gradient(routing.probs).reshape(-1, m.num_experts + 1).sum(0)
+        return sharding.unflatten_tokens(out, b, s), routing.state, MoEStats(counts, result.dropped, prob_sum)
