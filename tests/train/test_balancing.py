@@ -299,3 +299,17 @@ def test_warm_start_balances_a_fresh_router_at_once():
     cv_pi = bal.load_metrics(counts_for(pi_bias, k1)[0])["load_cv"]
     assert np.all(cv_warm < 0.3), cv_warm  # T = 512, 8 experts: sampling noise alone gives CV ≈ 0.12
     assert np.all(cv_pi > 1.0), cv_pi
+
+
+def test_router_spread_against_numpy():
+    """sqrt(mean over experts of the variance across tokens of p_e), from the step's sums; exact for a router that
+    is uniform to 1e-5 (the sums are centred on 1/(E+1), so fp32 keeps the spread)."""
+    rng = np.random.default_rng(5)
+    for scale in (1e-5, 0.3):
+        logits = scale * rng.normal(size=(L, 4096, C)) / (1.0 / C if scale < 1e-3 else 1.0)
+        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        p32 = probs.astype(np.float32)
+        spread = bal.router_spread(jnp.asarray(p32.sum(1)), jnp.asarray(np.square(p32 - 1.0 / C).sum(1)))
+        ref = np.sqrt(probs[..., :E].var(axis=1).mean(-1))
+        np.testing.assert_allclose(spread, ref, rtol=1e-3)
+    assert np.all(bal.router_spread(jnp.zeros((L, C)), jnp.zeros((L, C))) == 0.0)  # a layer without tokens

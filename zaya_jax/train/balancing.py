@@ -135,6 +135,21 @@ def gain_unit(cfg: ml_collections.ConfigDict, num_classes: int) -> float:
     return _GAIN_UNITS[cfg.gain_units](num_classes)
 
 
+def router_spread(prob_sum: jax.Array, prob_dev_sq_sum: jax.Array) -> jax.Array:
+    """[L] how far a layer's router probabilities differ between tokens: sqrt(mean_{e<E} Var_tokens(p_e)).
+
+    prob_sum, prob_dev_sq_sum: [L, E+1] Σ p and Σ (p − 1/(E+1))² over the step's tokens (`MoEStats`). A bias step
+    of about this size moves a sizeable share of a layer's tokens between experts: ~3e-5 for the demo's fresh router,
+    ~1e-2 forty steps later. A metric (`router_spread`): how fine the biases must be to steer this layer. 0 for a
+    layer without tokens.
+    """
+    n = prob_sum.sum(-1, keepdims=True)  # Σ_e p_e = 1 per token
+    inv = jnp.where(n > 0, 1.0 / jnp.maximum(n, 1e-30), 0.0)
+    dev = prob_sum * inv - 1.0 / prob_sum.shape[-1]
+    var = jnp.maximum(prob_dev_sq_sum * inv - jnp.square(dev), 0.0)
+    return jnp.sqrt(var[:, :-1].mean(-1))
+
+
 def skip_controlled(cfg: ml_collections.ConfigDict) -> bool:
     """Whether β_E moves: `skip_controlled` and a positive skip target (target 0 keeps β⁰_E)."""
     return bool(cfg.skip_controlled) and cfg.target_skip > 0

@@ -28,6 +28,7 @@ def balance_and_metrics(
     `balancing.warm_start` the biases start from the router's measured mean probabilities instead
     (`balancing.warm_start`). Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1]
     arrays)."""
+    spread = balancing.router_spread(totals.prob_sum, totals.prob_dev_sq_sum)
     bal_metrics = balancing.load_metrics(totals.counts)
     if config.balancing.enabled:
         old = jax.tree.leaves(biases)[0]
@@ -48,6 +49,7 @@ def balance_and_metrics(
         "tokens": sums.tokens,
         "grad_norm": grad_norm,
         "dropped_fraction": balancing.dropped_fraction(totals.dropped, totals.counts),
+        "router_spread": spread,
         **bal_metrics,
     }
     if lr is not None:
