@@ -249,3 +249,67 @@ def test_skip_slot_controlled_toward_target():
     assert skip[:5].max() == 0.0  # starts unreachable (β_E = -1)
     np.testing.assert_allclose(skip[-100:].mean(0), 0.1, atol=0.02)
     assert np.all(bias[-1, :, -1] > -1.0)
+
+
+# ----------------------------------------------------------------------------- warm start
+
+
+def test_warm_start_removes_the_mean_expert_lead():
+    """β⁰ − (p̄ − mean_e p̄) on the experts (NumPy), skip slot and empty layers unchanged, fresh state."""
+    rng = np.random.default_rng(3)
+    bias0 = rng.normal(0.0, 1e-3, (3, C)).astype(np.float32)
+    bias0[:, -1] = -1.0
+    probs = rng.dirichlet(np.ones(C), size=(3, 40))  # [L, tokens, C]
+    prob_sum = probs.sum(1)
+    prob_sum[2] = 0.0  # a layer without tokens
+    state = bal.init_balancing(jnp.asarray(bias0))
+    state = state._replace(integral=state.integral + 1.0, prev_error=state.prev_error - 0.5)
+    bias, fresh = bal.warm_start(state, jnp.asarray(prob_sum, jnp.float32))
+    mean_p = probs.mean(1)
+    ref = bias0.astype(np.float64).copy()
+    ref[:2, :E] -= mean_p[:2, :E] - mean_p[:2, :E].mean(-1, keepdims=True)
+    np.testing.assert_allclose(bias, ref, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(fresh.base, bias)
+    assert not np.any(fresh.integral) and not np.any(fresh.prev_error)
+
+
+def test_warm_start_balances_a_fresh_router_at_once():
+    """A fresh router: probabilities uniform to ~1e-4, the experts with fixed leads 0, 1.4e-5, …, 1e-4 (shuffled)
+    and a token-to-token spread of 1e-5. Under β⁰ the top expert takes most tokens; after the warm start the next
+    step's load CV is at the sampling-noise level, where the controller's own first update leaves it collapsed."""
+    rng = np.random.default_rng(0)
+    lead = np.zeros((L, C), np.float32)
+    for layer in range(L):
+        lead[layer, :E] = rng.permutation(np.linspace(0.0, 1e-4, E))
+
+    def counts_for(bias, key):
+        probs = 1.0 / C + lead[:, None, :] + 1e-5 * jax.random.normal(key, (L, T, C))
+        choice = jnp.argmax(probs + bias[:, None, :], axis=-1)
+        return jax.vmap(lambda c: jnp.bincount(c, length=C))(choice), probs.sum(1)
+
+    cfg = make_cfg()
+    state = bal.init_balancing(jnp.asarray(BIAS0))
+    k0, k1 = jax.random.split(jax.random.key(0))
+    counts0, prob_sum0 = counts_for(state.base, k0)
+    cv0 = bal.load_metrics(counts0)["load_cv"]
+    assert np.all(cv0 > 1.5), cv0  # collapsed onto one or two experts of 8 (all on one: CV √7 ≈ 2.65)
+    warm_bias, _ = bal.warm_start(state, prob_sum0)
+    pi_bias, _, _ = bal.update_biases(state, counts0, cfg)
+    cv_warm = bal.load_metrics(counts_for(warm_bias, k1)[0])["load_cv"]
+    cv_pi = bal.load_metrics(counts_for(pi_bias, k1)[0])["load_cv"]
+    assert np.all(cv_warm < 0.3), cv_warm  # T = 512, 8 experts: sampling noise alone gives CV ≈ 0.12
+    assert np.all(cv_pi > 1.0), cv_pi
+
+
+def test_router_spread_against_numpy():
+    """sqrt(mean over experts of the variance across tokens of p_e), from the step's sums; exact for a router that
+    is uniform to 1e-5 (the sums are centred on 1/(E+1), so fp32 keeps the spread)."""
+    rng = np.random.default_rng(5)
+    for scale in (1e-5, 0.3):
+        logits = scale * rng.normal(size=(L, 4096, C)) / (1.0 / C if scale < 1e-3 else 1.0)
+        probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+        p32 = probs.astype(np.float32)
+        spread = bal.router_spread(jnp.asarray(p32.sum(1)), jnp.asarray(np.square(p32 - 1.0 / C).sum(1)))
+        ref = np.sqrt(probs[..., :E].var(axis=1).mean(-1))
+        np.testing.assert_allclose(spread, ref, rtol=1e-3)
+    assert np.all(bal.router_spread(jnp.zeros((L, C)), jnp.zeros((L, C))) == 0.0)  # a layer without tokens

@@ -187,6 +187,7 @@ def balancing_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             enabled=True,
+            warm_start=True,  # step 0 sets β from the router's mean probabilities (train/balancing.py)
             kp=0.002,
             ki=0.002,
             ki_max=0.1,

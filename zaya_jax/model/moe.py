@@ -121,6 +121,10 @@ def get_dispatch(name: str) -> Dispatch:
 class MoEStats(NamedTuple):
     counts: jax.Array  # [E+1] int32 router choices (before any capacity drop); slot E = skip
     dropped: jax.Array  # [] int32 expert tokens dropped by capacity
+    prob_sum: jax.Array  # [E+1] fp32 router probabilities summed over the tokens (the balancing warm start)
+    # [E+1] fp32 Σ (p − 1/(E+1))² over the tokens: the router's spread across tokens (balancing). Centred on the
+    # uniform probability so that a near-uniform router's 1e-5 spread survives fp32 (Σp² would cancel it away).
+    prob_dev_sq_sum: jax.Array
 
 
 EXPERT_WEIGHTS = nnx.Any(nnx.PathContains("w_in"), nnx.PathContains("w_out"))  # `MoE`'s expert weights
@@ -168,4 +172,6 @@ class MoE(nnx.Module):
             skip_gate = jnp.where(choice == m.num_experts, gate, 0.0)
             out = out + skip_gate[:, None] * flat_x.astype(jnp.float32)
         counts = jnp.bincount(choice, length=m.num_experts + 1).astype(jnp.int32)
-        return sharding.unflatten_tokens(out, b, s), routing.state, MoEStats(counts, result.dropped)
+        probs = jax.lax.stop_gradient(routing.probs).reshape(-1, m.num_experts + 1)
+        stats = MoEStats(counts, result.dropped, probs.sum(0), jnp.square(probs - 1.0 / probs.shape[-1]).sum(0))
+        return sharding.unflatten_tokens(out, b, s), routing.state, stats

@@ -31,6 +31,17 @@ recentring, a clipped integral, the skip slot controlled toward t_skip when t_sk
 auxiliary-loss-free rule β ← β + γ·sign(t − f) is the special case φ = sign, K_p = 0, K_i = K_i,max = γ,
 u = 1, no clip, no recentring, skip frozen (`sign_rule`).
 
+Warm start (`warm_start`, on by default): a freshly initialised router is uniform to ~1e-4, but not around
+the same value for every expert — its GELU MLP gives each expert a fixed lead over all tokens that is larger than
+the token-to-token variation, so under β⁰ every token of a layer picks the same expert and the controller
+spends tens of steps undoing a lead it could have measured. At step 0 the controller therefore measures it:
+
+    p̄_e = Σ_tokens p_e / N             mean router probability (global batch, all micro-batches)
+    β⁰_e ← β⁰_e − (p̄_e − mean_{e<E} p̄_e)   real experts only; the skip slot keeps β⁰_E
+
+and starts from there with a fresh state (the step-0 counts were measured under the old β⁰, so they do not
+drive an update). With the lead gone, a token's choice follows the router's variation across tokens.
+
 Choices: with `normalize_by_target` a zero target (t_skip = 0) is replaced by the expert target; a layer
 with N = 0 contributes zero error. All replicas compute the same update from the same global counts, so β
 stays replicated. `cfg` (a `config.balancing` ConfigDict) is read as Python values at trace time: close
@@ -124,6 +135,21 @@ def gain_unit(cfg: ml_collections.ConfigDict, num_classes: int) -> float:
     return _GAIN_UNITS[cfg.gain_units](num_classes)
 
 
+def router_spread(prob_sum: jax.Array, prob_dev_sq_sum: jax.Array) -> jax.Array:
+    """[L] how far a layer's router probabilities differ between tokens: sqrt(mean_{e<E} Var_tokens(p_e)).
+
+    prob_sum, prob_dev_sq_sum: [L, E+1] Σ p and Σ (p − 1/(E+1))² over the step's tokens (`MoEStats`). A bias step
+    of about this size moves a sizeable share of a layer's tokens between experts: ~3e-5 for the demo's fresh router,
+    ~1e-2 forty steps later. A metric (`router_spread`): how fine the biases must be to steer this layer. 0 for a
+    layer without tokens.
+    """
+    n = prob_sum.sum(-1, keepdims=True)  # Σ_e p_e = 1 per token
+    inv = jnp.where(n > 0, 1.0 / jnp.maximum(n, 1e-30), 0.0)
+    dev = prob_sum * inv - 1.0 / prob_sum.shape[-1]
+    var = jnp.maximum(prob_dev_sq_sum * inv - jnp.square(dev), 0.0)
+    return jnp.sqrt(var[:, :-1].mean(-1))
+
+
 def skip_controlled(cfg: ml_collections.ConfigDict) -> bool:
     """Whether β_E moves: `skip_controlled` and a positive skip target (target 0 keeps β⁰_E)."""
     return bool(cfg.skip_controlled) and cfg.target_skip > 0
@@ -211,6 +237,19 @@ def update_biases(
     bias = state.base + delta
     memory = g * jnp.where(shaped < 0, -1.0, 1.0)
     return bias, BalancingState(state.base, integral, memory), {**metrics, "bias": bias}
+
+
+def warm_start(state: BalancingState, prob_sum: jax.Array) -> tuple[jax.Array, BalancingState]:
+    """(β, fresh state) with the experts' mean router-probability lead removed from β⁰ (module docstring).
+
+    prob_sum: [L, E+1] router probabilities summed over the step's tokens. A layer without tokens is unchanged.
+    """
+    chex.assert_equal_shape([prob_sum, state.base])
+    p = prob_sum.astype(jnp.float32)
+    n = p.sum(-1, keepdims=True)  # Σ_e p_e = 1 per token: the token count
+    mean_p = jnp.where(n > 0, p / jnp.maximum(n, 1e-30), 0.0)
+    bias = state.base - _recenter_experts(mean_p).at[:, -1].set(0.0)
+    return bias, init_balancing(bias)
 
 
 def dropped_fraction(dropped: jax.Array, counts: jax.Array) -> jax.Array:

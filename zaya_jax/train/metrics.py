@@ -6,7 +6,8 @@ named tags (`tensorboard_scalars`):
 * `1_overview/…` — loss, eval loss, both learning rates, grad norm, tokens/s, MFU (the group sorts first, so
   TensorBoard opens on it; the Custom Scalars tab shows the same charts plus the MoE summary);
 * `moe/max_load_cv`, `moe/dropped` — the worst layer's expert-load CV and the overall dropped fraction;
-* `load_cv/layer_k`, `dropped/layer_k`, `skip_fraction/layer_k`, `max_min_load_ratio/layer_k` — one per layer;
+* `load_cv/layer_k`, `dropped/layer_k`, `skip_fraction/layer_k`, `max_min_load_ratio/layer_k`, `router_spread/layer_k`
+  (how much the router's probabilities differ between tokens: the balancing gain unit) — one per layer;
 * `load/layer_k/expert_e`, `load/layer_k/skip`, `bias/layer_k/…` — one per layer and router slot;
 * `train/…` — any other scalar.
 
@@ -30,6 +31,7 @@ PER_LAYER = {
     "dropped_fraction": "dropped",
     "skip_fraction": "skip_fraction",
     "max_min_load_ratio": "max_min_load_ratio",
+    "router_spread": "router_spread",
 }
 PER_SLOT = ("load", "bias")
 LR_NAMES = {"muon": "lr_muon", "adam": "lr_adamw"}  # `schedule.learning_rate_schedules` keys → metric names

@@ -36,6 +36,8 @@ class Totals(NamedTuple):
     loss: LossSums  # Σ CE, Σ logsumexp², Σ tokens (fp32 scalars)
     counts: jax.Array  # [L, E+1] int32 tokens routed to each expert and to the skip slot
     dropped: jax.Array  # [L] int32 tokens dropped by the expert capacity
+    prob_sum: jax.Array  # [L, E+1] fp32 router probabilities summed over the tokens
+    prob_dev_sq_sum: jax.Array  # [L, E+1] fp32 Σ (p − 1/(E+1))² over the tokens
 
     @classmethod
     def zeros(cls, config: ml_collections.ConfigDict) -> Totals:
@@ -44,12 +46,20 @@ class Totals(NamedTuple):
             LossSums(*(jnp.zeros((), jnp.float32),) * 3),
             jnp.zeros((m.num_layers, m.num_experts + 1), jnp.int32),
             jnp.zeros((m.num_layers,), jnp.int32),
+            jnp.zeros((m.num_layers, m.num_experts + 1), jnp.float32),
+            jnp.zeros((m.num_layers, m.num_experts + 1), jnp.float32),
         )
 
     def plus(self, sums: LossSums, stats) -> Totals:
         """These totals with one more micro-batch's LossSums and MoEStats added."""
         loss = jax.tree.map(jnp.add, self.loss, sums)
-        return Totals(loss, self.counts + stats.counts, self.dropped + stats.dropped)
+        return Totals(
+            loss,
+            self.counts + stats.counts,
+            self.dropped + stats.dropped,
+            self.prob_sum + stats.prob_sum,
+            self.prob_dev_sq_sum + stats.prob_dev_sq_sum,
+        )
 
 
 def micro_split(batch: dict, microbatches: int) -> dict:

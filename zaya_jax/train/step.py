@@ -61,7 +61,9 @@ def train_step(
     )
     params = optax.apply_updates(state.params, updates)
     lr = None if lr_fn is None else lr_fn(state.step)
-    biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, totals, grad_norm, config, lr)
+    biases, bal_state, metrics = balance_and_metrics(
+        state.biases, state.balancing, totals, grad_norm, config, lr, state.step
+    )
     return TrainState(state.step + 1, params, opt_state, biases, bal_state), metrics
 
 

@@ -16,14 +16,30 @@ from zaya_jax.train.microbatch import Totals
 
 
 def balance_and_metrics(
-    biases, bal_state, totals: Totals, grad_norm: jax.Array, config: ml_collections.ConfigDict, lr: jax.Array | None
+    biases,
+    bal_state,
+    totals: Totals,
+    grad_norm: jax.Array,
+    config: ml_collections.ConfigDict,
+    lr: jax.Array | None,
+    step: jax.Array,
 ):
-    """The balancing-controller update from the global counts [L, E+1] and the step's metrics.
-    Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1] arrays)."""
+    """The balancing-controller update from the global counts [L, E+1] and the step's metrics; at step 0 with
+    `balancing.warm_start` the biases start from the router's measured mean probabilities instead
+    (`balancing.warm_start`). Returns (new biases, new controller state, metrics dict of scalars / [L] / [L, E+1]
+    arrays)."""
+    spread = balancing.router_spread(totals.prob_sum, totals.prob_dev_sq_sum)
     bal_metrics = balancing.load_metrics(totals.counts)
     if config.balancing.enabled:
         old = jax.tree.leaves(biases)[0]
-        new_bias, bal_state, bal_metrics = balancing.update_biases(bal_state, totals.counts, config.balancing)
+        new_bias, new_state, bal_metrics = balancing.update_biases(bal_state, totals.counts, config.balancing)
+        if config.balancing.warm_start:
+            warm_bias, warm_state = balancing.warm_start(bal_state, totals.prob_sum)
+            first = step == 0
+            new_bias = jnp.where(first, warm_bias, new_bias)
+            new_state = jax.tree.map(lambda w, u: jnp.where(first, w, u), warm_state, new_state)
+            bal_metrics = {**bal_metrics, "bias": new_bias}
+        bal_state = new_state
         biases = jax.tree.map(lambda _: new_bias.astype(old.dtype), biases)
     sums = totals.loss
     n = jnp.maximum(sums.tokens, 1.0)
@@ -33,6 +49,7 @@ def balance_and_metrics(
         "tokens": sums.tokens,
         "grad_norm": grad_norm,
         "dropped_fraction": balancing.dropped_fraction(totals.dropped, totals.counts),
+        "router_spread": spread,
         **bal_metrics,
     }
     if lr is not None:

@@ -240,7 +240,9 @@ def zero1_local_step(
     masters = [(g.master_slots, g.master_flat) for g in groups]
     params = fill(state.params, _gathered(setup, masters, compute, as_bits, into=state.params))
     lr = None if lr_fn is None else lr_fn(state.step)
-    biases, bal_state, metrics = balance_and_metrics(state.biases, state.balancing, totals, grad_norm, config, lr)
+    biases, bal_state, metrics = balance_and_metrics(
+        state.biases, state.balancing, totals, grad_norm, config, lr, state.step
+    )
     new_groups = tuple(GroupState(*(x[None] for x in g)) for g in groups)
     return Zero1State(state.step + 1, params, new_groups, state.count + 1, biases, bal_state), metrics
 
