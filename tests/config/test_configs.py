@@ -250,3 +250,18 @@ def test_the_defaults_and_zero_learning_rates_pass():
     config = default_config()
     config.optimizer.learning_rate = config.optimizer.adam_learning_rate = 0.0  # frozen weights: allowed
     validate(config)
+
+
+def test_overlap_collectives_without_its_backward_pass_is_refused():
+    """`train.overlap_collectives` acts inside the ZeRO-1 step's fused backward (remat=full): elsewhere it did
+    nothing, silently; now it is refused in one line naming both settings."""
+    from zaya_jax.config import validate
+
+    config = default_config()
+    config.train.overlap_collectives, config.train.param_sharding, config.model.remat = True, "zero1", "full"
+    validate(config)
+    for remat, sharding in (("none", "zero1"), ("full", "fsdp")):
+        config.model.remat, config.train.param_sharding = remat, sharding
+        with pytest.raises(ConfigError, match="overlap_collectives=True .* model.remat='full'") as err:
+            validate(config)
+        assert f"(here {remat!r}, {sharding!r})" in str(err.value) and "\n" not in str(err.value)

@@ -52,3 +52,26 @@ def test_loop_collectives_hide_up_to_their_body_compute(peak):
     assert out["step_s"] == pytest.approx(1.0 - gather.hidden_s)
     assert out["mfu"] == pytest.approx(0.5 / out["step_s"])
     assert out["exposed_s"] == pytest.approx(reduce.total_s + gather.exposed_s)
+
+
+def _chunked_program(x, ws):
+    """Per device: an outer loop over 3 chunks, each running a nested loop of 2 [M, K] @ [K, K] matmuls and then
+    reduce-scattering the chunk's result (the shape of the ZeRO-1 step's chunked backward)."""
+
+    def chunk(c, w2):
+        c = jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), c, w2)[0]
+        return c, jax.lax.psum_scatter(c, "d", scatter_dimension=0, tiled=True)
+
+    return jax.lax.scan(chunk, x, ws.reshape(3, 2, K, K))[1]
+
+
+def test_a_nested_loop_is_no_cover():
+    """The chunk loop's reduce-scatter can only overlap with its own body's GEMMs, and that body has none: its
+    matmuls are in a nested loop, which the GPU compiler does not schedule a collective across."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    fn = jax.jit(jax.shard_map(_chunked_program, mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False))
+    x, ws = jax.ShapeDtypeStruct((M, K), jnp.float32), jax.ShapeDtypeStruct((6, K, K), jnp.float32)
+    stats = hlo_stats.analyze(fn.lower(x, ws).compile().as_text(), 8)
+    assert stats.dot_flops == 6 * 2 * M * K * K  # every matmul still counts in the step's compute
+    (row,) = [r for r in overlap.bodies(stats, Cluster(), 1e9) if "reduce-scatter" in r.kinds]
+    assert row.loop and row.trips == 3 and row.compute_s == 0.0 and row.hidden_s == 0.0

@@ -153,6 +153,12 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
         f"train.overlap_collectives={t.overlap_collectives!r} must be True or False",
     )
     _check(
+        not t.overlap_collectives or (t.param_sharding == "zero1" and config.model.remat == "full"),
+        "train.overlap_collectives=True reduce-scatters inside the ZeRO-1 step's fused backward pass, which runs with "
+        f"model.remat='full' and train.param_sharding='zero1' (here {config.model.remat!r}, {t.param_sharding!r}): "
+        "set both, or leave overlap_collectives False",
+    )
+    _check(
         t.global_batch_size % t.microbatches == 0,
         f"train.global_batch_size={t.global_batch_size} must be divisible by train.microbatches={t.microbatches}",
     )

@@ -80,7 +80,8 @@ class HloStats:
     unknown_trip_counts: int
     num_instructions: int
     collective_ops: list[tuple[CollectiveOp, float]] = dataclasses.field(default_factory=list)  # (op, executions)
-    # dot FLOPs of one run of each computation that issues a collective (nested loops × their trip counts)
+    # dot FLOPs of one run of each computation that issues a collective, its own: nested `while` loops excluded
+    # (what a collective there can overlap with, `zaya_jax.planning.overlap`)
     flops_per_run: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
@@ -249,13 +250,17 @@ class _Cost:
 
     flops: float = 0.0
     flops_once: float = 0.0
+    flops_own: float = 0.0  # this computation's dot FLOPs outside nested `while` loops (fusions, calls, branches in)
     traffic: float = 0.0
     traffic_once: float = 0.0
     by_tag: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))
     ops: dict[str, float] = dataclasses.field(default_factory=lambda: defaultdict(float))  # collective → runs
 
-    def add(self, other: "_Cost", times: float, times_once: float) -> None:
+    def add(self, other: "_Cost", times: float, times_once: float, loop: bool = False) -> None:
+        """Add `times` runs of callee `other` (`loop`: a `while` body, whose FLOPs are not this one's own)."""
         self.flops += times * other.flops
+        if not loop:
+            self.flops_own += times * other.flops_own
         self.flops_once += times_once * other.flops_once
         self.traffic += times * other.traffic
         self.traffic_once += times_once * other.traffic_once
@@ -274,6 +279,7 @@ def _most_expensive(branches: list[_Cost], wire: Callable[[_Cost], float]) -> _C
     return _Cost(
         top.flops,
         max(b.flops_once for b in branches),
+        top.flops_own,
         max(b.traffic for b in branches),
         max(b.traffic_once for b in branches),
         defaultdict(float, top.by_tag),
@@ -312,7 +318,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         for instr in comps[name]:
             if instr.opcode in ("dot", "convolution") or is_gemm_call(instr):
                 f = _dot_flops(instr, shapes)
-                cost.flops, cost.flops_once = cost.flops + f, cost.flops_once + f
+                cost.flops, cost.flops_once, cost.flops_own = cost.flops + f, cost.flops_once + f, cost.flops_own + f
                 cost.by_tag[classify(op_name(instr) or caller_op.get(name, ""))] += f
             kind = instr.opcode[:-6] if instr.opcode.endswith("-start") else instr.opcode
             if kind in COLLECTIVES:
@@ -333,7 +339,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
                         unknown.add(f"{name}/{instr.name}")
                     else:
                         trips[callee] = k
-                cost.add(total(callee, stack + (name,)), 1 if k is None else k, 1)
+                cost.add(total(callee, stack + (name,)), 1 if k is None else k, 1, loop=instr.opcode == "while")
         memo[name] = cost
         return cost
 
@@ -356,5 +362,5 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         len(unknown),
         sum(len(v) for v in comps.values()),
         [(ops[key], runs) for key, runs in run.ops.items()],
-        {op.computation: memo[op.computation].flops for op in ops.values() if op.computation in memo},
+        {op.computation: memo[op.computation].flops_own for op in ops.values() if op.computation in memo},
     )

@@ -5,8 +5,11 @@ XLA's latency-hiding scheduler runs a collective concurrently with compute that 
 only compute it can reach: work of the same computation (a `while` body is scheduled on its own, one iteration
 at a time, with the next iteration's collective pipelined against this one's compute). So the rule here is:
 
-* a collective issued in a `while` body hides under at most that body's dot FLOPs per run at the bf16 peak
-  (nested loops included, × their trip counts); all collectives of the body share that cover; and only
+* a collective issued in a `while` body hides under at most that body's own dot FLOPs per run at the bf16 peak
+  — not those of a nested `while`: the GPU compiler does not schedule across one (ZAYA1-base at data:8 with
+  `train.overlap_collectives`, compiled for H100, H200 and MI300X: each layer chunk's backward is a nested
+  loop, and no chunk reduce-scatter has a GEMM between its start and done); all collectives of the body share
+  that cover; and only
   (trips − 1) of every `trips` runs hide: a collective overlaps with another iteration's compute (the
   scheduler pipelines it into the next iteration, e.g. the reduce-scatter of what this iteration's backward
   produced, or the all-gather of what the next iteration's forward needs), so one per loop execution stays
