@@ -300,18 +300,18 @@ def test_tiny_zero1_expert_parallel_on_8_gpus(target, tmp_path):
 
 
 @pytest.mark.gpu_compile
-@pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "xla")])
+@pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "pallas")])
 def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     """The kernels `auto` picks for each GPU, as its compiler emits them: attention (cuDNN's fused kernel on H100,
-    XLA's einsums on MI300X) and the dropless expert GEMMs: hipBLASLt's grouped GEMM on MI300X (`ragged_dot_bf16`,
-    forward and backward: 2 + 4 calls, the routed FLOPs only); on H100 XLA lowers `ragged_dot` to dense GEMMs
+    Pallas's Triton flash attention on MI300X, neither with an [.., S, S] buffer) and the dropless expert GEMMs:
+    hipBLASLt's grouped GEMM on MI300X (`ragged_dot_bf16`, forward and backward: 2 + 4 calls, the routed FLOPs
+    only); on H100 XLA lowers `ragged_dot` to dense GEMMs
     over all 4 experts (docs/kernels.md, "what the GPU compiler makes of it")."""
     _needs_extra(gpu_target.get_target(target).platform)
     result = _compile("tiny,model.dtype=bfloat16", {"data": 1}, target, tmp_path)
     program = result["program"]
     assert program["attention"] == attention and result["memory"]["argument"] > 0
-    if attention == "cudnn":
-        assert program["square_buffers"] == []  # the fused kernel keeps no [.., S, S] scores
+    assert program["square_buffers"] == []  # the fused kernels keep no [.., S, S] scores
     if target == "mi300x":
         assert program["expert_gemms"] == {"grouped GEMM call": 6}, program["expert_gemms"]
         assert 1.0 <= result["expert_ratio"] <= 1.15
