@@ -317,3 +317,23 @@ def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
         assert 1.0 <= result["expert_ratio"] <= 1.15
     else:
         assert "grouped GEMM call" not in program["expert_gemms"] and result["expert_ratio"] > 3.5
+
+
+@pytest.mark.parametrize(
+    "calls, attention",
+    [
+        ([("__gpu$xla.gpu.triton", "jit(step)/jvp(attention)/jvp(jit(mha))/mha_forward/pallas_call")], "pallas"),
+        ([("__gpu$xla.gpu.triton", "jit(step)/experts/ragged_contracting_dim_dot/pallas_call")], "xla"),
+        ([("__cudnn$fmhaSoftmax", "jit(step)/attention/dot_product_attention")], "cudnn"),
+    ],
+)
+def test_attention_kernel_is_read_from_its_custom_calls(calls, attention):
+    """Pallas's flash attention is a Triton call named `mha_forward`; another Triton call (a Pallas ragged dot)
+    is not attention; cuDNN's is `__cudnn$fmha…`."""
+    lines = [
+        f'  %k{k} = bf16[64,16]{{1,0}} custom-call(%a, %b), custom_call_target="{t}", metadata={{op_name="{n}"}}'
+        for k, (t, n) in enumerate(calls)
+    ]
+    text = "ENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> bf16[64,16] {\n"
+    text += "  %a = bf16[64,32]{1,0} parameter(0)\n  %b = bf16[32,16]{1,0} parameter(1)\n" + "\n".join(lines) + "\n}\n"
+    assert gpu_program.analyze_program(text, seq_len=64).attention == attention
