@@ -51,6 +51,7 @@ def test_targets_flags_and_topologies():
     options = gpu_target.compiler_options("rocm", ("--xla_gpu_enable_triton_gemm=true",))
     assert options["xla_gpu_autotune_level"] == 4 and options["xla_gpu_enable_triton_gemm"] is True
     assert options["xla_gpu_enable_command_buffer"] == ""
+    assert [gpu_target._gcn_arch(gpu_target.get_target(n)) for n in ("mi300x", "mi325x")] == ["gfx942"] * 2
     assert gpu_target.topology_for({"data": 1}, None) == (1, 1)
     assert gpu_target.topology_for({"data": 64}, None) == (8, 8)
     assert gpu_target.topology_for({"data": -1}, 128) == (128, 8)
