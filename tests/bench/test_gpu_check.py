@@ -114,6 +114,7 @@ def test_cuda_cases_default_first_and_flag_case_in_a_subprocess(monkeypatch):
         "tiny tokamax",
         "tiny capacity",
         "tiny attention xla",  # attention cudnn is the default case already
+        "tiny attention pallas",
     ]
     assert [p.label for p in planned.values() if p.subprocess] == ["tiny ragged_dot (grouped lowering flag)"]
 
@@ -125,7 +126,7 @@ def test_rocm_flag_in_the_environment_makes_the_grouped_lowering_the_default(mon
     assert not planned["tiny ragged_dot_bf16 (default)"].subprocess
     assert not planned["tiny ragged_dot (grouped lowering flag)"].subprocess
     assert planned["tiny ragged_dot (XLA default lowering)"].subprocess  # needs the flag switched off
-    assert "tiny attention xla" not in planned  # ROCm's only attention kernel is the default's
+    assert "tiny attention xla" in planned and "tiny attention pallas" not in planned  # pallas: the default
     assert cases.with_flag(flag, False, f"--xla_foo=1 {flag}=true") == f"--xla_foo=1 {flag}=false"
     assert not cases.flag_state(flag, f"{flag}=true {flag}=false") and cases.flag_state(flag, flag)
 
@@ -142,6 +143,8 @@ def test_defaults_of_every_config_first_then_kernel_by_kernel(monkeypatch):
         "b ragged_dot (grouped lowering flag)",
         "a capacity",
         "b capacity",
+        "a attention xla",  # pallas attention is ROCm's default
+        "b attention xla",
     ]
 
 

@@ -219,6 +219,30 @@ def test_fused_attention_wrapper_matches_numpy(dtype):
     )
 
 
+def test_pallas_attention_matches_xla_forward_and_backward():
+    """The `pallas` kernel (jax's Pallas Triton flash attention, run by Pallas's interpreter on CPU; GQA by
+    repeated kv heads) against the `xla` einsums on the same bf16-rounded operands: outputs and the gradients of
+    q, k and v; the output also against NumPy's §5h attention. 32 tokens: one 32-row forward block and one
+    32 × 32 backward block per head."""
+    rng = np.random.default_rng(7)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 32, n, 16)), jnp.bfloat16) for n in (4, 2, 2))
+    cot = jnp.asarray(rng.standard_normal((2, 32, 4, 16)), jnp.float32)
+    dt = jnp.bfloat16
+    assert attention.pallas_fits(32, 16) and not attention.pallas_fits(36, 16) and not attention.pallas_fits(32, 24)
+
+    def run(fn):
+        out, vjp = jax.vjp(lambda q, k, v: fn(q, k, v).astype(jnp.float32), q, k, v)
+        return out, vjp(cot)
+
+    out, grads = run(lambda q, k, v: attention.pallas_causal_attention(q, k, v, dt, interpret=True))
+    ref, ref_grads = run(lambda q, k, v: attention.causal_attention(q, k, v, dt))
+    as64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+    assert rel(as64(out).reshape(2, 32, -1), np_attention(as64(q), as64(k), as64(v))) < 2e-2
+    assert rel(out, ref) < 2e-2
+    for got, want in zip(grads, ref_grads, strict=True):
+        assert got.shape == want.shape and rel(as64(got), as64(want)) < 3e-2
+
+
 def kernel_cfg(dtype="float32", **chosen):
     m = model_config()
     m.dtype = dtype
@@ -233,7 +257,8 @@ def kernel_cfg(dtype="float32", **chosen):
         ("cpu", "bfloat16", ("xla_cpu", "loops", "xla")),
         ("cuda", "bfloat16", ("xla", "ragged_dot", "cudnn")),
         ("cuda", "float32", ("xla", "ragged_dot", "xla")),  # cuDNN's fused attention takes bf16 / fp16 only
-        ("rocm", "bfloat16", ("xla", "ragged_dot_bf16", "xla")),  # bf16 results: hipBLASLt's grouped GEMM
+        ("rocm", "bfloat16", ("xla", "ragged_dot_bf16", "pallas")),  # bf16 results: hipBLASLt's grouped GEMM
+        ("rocm", "float32", ("xla", "ragged_dot_bf16", "xla")),  # the fused kernels take bf16 only
     ],
 )
 def test_auto_resolves_per_target_platform(platform, dtype, expected):
@@ -243,7 +268,7 @@ def test_auto_resolves_per_target_platform(platform, dtype, expected):
 
 def test_explicit_kernels_win_and_auto_platform_is_this_process():
     chosen = kernels.resolve(kernel_cfg("bfloat16", platform="rocm", grouped_gemm="tokamax", matmul="xla_cpu"))
-    assert (chosen.matmul, chosen.grouped_gemm, chosen.attention) == ("xla_cpu", "tokamax", "xla")
+    assert (chosen.matmul, chosen.grouped_gemm, chosen.attention) == ("xla_cpu", "tokamax", "pallas")
     assert kernels.resolve(kernel_cfg()).platform == "cpu"  # the tests run on CPU devices
     resolved = kernels.resolved_config(kernel_cfg(platform="cuda"))
     assert dict(resolved.kernels) == dict(platform="cuda", matmul="xla", grouped_gemm="ragged_dot", attention="xla")
@@ -256,6 +281,7 @@ def test_explicit_kernels_win_and_auto_platform_is_this_process():
         ("kernels.attention", "flash", "model.kernels.attention='flash'; choose one of"),
         ("kernels.grouped_gemm", "megablox", "model.kernels.grouped_gemm='megablox'; choose one of"),
         ("kernels.attention", "cudnn", "model.kernels.attention=cudnn needs model.dtype=bfloat16 on CUDA"),
+        ("kernels.attention", "pallas", "model.kernels.attention=pallas needs model.dtype=bfloat16"),
         ("dispatch", "grouped", "model.dispatch=dropless with model.kernels.grouped_gemm=loops"),
         ("dispatch", "ragged", "model.dispatch=dropless with model.kernels.grouped_gemm=ragged_dot"),
     ],

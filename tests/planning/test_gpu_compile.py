@@ -51,6 +51,7 @@ def test_targets_flags_and_topologies():
     options = gpu_target.compiler_options("rocm", ("--xla_gpu_enable_triton_gemm=true",))
     assert options["xla_gpu_autotune_level"] == 4 and options["xla_gpu_enable_triton_gemm"] is True
     assert options["xla_gpu_enable_command_buffer"] == ""
+    assert [gpu_target._gcn_arch(gpu_target.get_target(n)) for n in ("mi300x", "mi325x")] == ["gfx942"] * 2
     assert gpu_target.topology_for({"data": 1}, None) == (1, 1)
     assert gpu_target.topology_for({"data": 64}, None) == (8, 8)
     assert gpu_target.topology_for({"data": -1}, 128) == (128, 8)
@@ -300,20 +301,40 @@ def test_tiny_zero1_expert_parallel_on_8_gpus(target, tmp_path):
 
 
 @pytest.mark.gpu_compile
-@pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "xla")])
+@pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "pallas")])
 def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     """The kernels `auto` picks for each GPU, as its compiler emits them: attention (cuDNN's fused kernel on H100,
-    XLA's einsums on MI300X) and the dropless expert GEMMs: hipBLASLt's grouped GEMM on MI300X (`ragged_dot_bf16`,
-    forward and backward: 2 + 4 calls, the routed FLOPs only); on H100 XLA lowers `ragged_dot` to dense GEMMs
+    Pallas's Triton flash attention on MI300X, neither with an [.., S, S] buffer) and the dropless expert GEMMs:
+    hipBLASLt's grouped GEMM on MI300X (`ragged_dot_bf16`, forward and backward: 2 + 4 calls, the routed FLOPs
+    only); on H100 XLA lowers `ragged_dot` to dense GEMMs
     over all 4 experts (docs/kernels.md, "what the GPU compiler makes of it")."""
     _needs_extra(gpu_target.get_target(target).platform)
     result = _compile("tiny,model.dtype=bfloat16", {"data": 1}, target, tmp_path)
     program = result["program"]
     assert program["attention"] == attention and result["memory"]["argument"] > 0
-    if attention == "cudnn":
-        assert program["square_buffers"] == []  # the fused kernel keeps no [.., S, S] scores
+    assert program["square_buffers"] == []  # the fused kernels keep no [.., S, S] scores
     if target == "mi300x":
         assert program["expert_gemms"] == {"grouped GEMM call": 6}, program["expert_gemms"]
         assert 1.0 <= result["expert_ratio"] <= 1.15
     else:
         assert "grouped GEMM call" not in program["expert_gemms"] and result["expert_ratio"] > 3.5
+
+
+@pytest.mark.parametrize(
+    "calls, attention",
+    [
+        ([("__gpu$xla.gpu.triton", "jit(step)/jvp(attention)/jvp(jit(mha))/mha_forward/pallas_call")], "pallas"),
+        ([("__gpu$xla.gpu.triton", "jit(step)/experts/ragged_contracting_dim_dot/pallas_call")], "xla"),
+        ([("__cudnn$fmhaSoftmax", "jit(step)/attention/dot_product_attention")], "cudnn"),
+    ],
+)
+def test_attention_kernel_is_read_from_its_custom_calls(calls, attention):
+    """Pallas's flash attention is a Triton call named `mha_forward`; another Triton call (a Pallas ragged dot)
+    is not attention; cuDNN's is `__cudnn$fmha…`."""
+    lines = [
+        f'  %k{k} = bf16[64,16]{{1,0}} custom-call(%a, %b), custom_call_target="{t}", metadata={{op_name="{n}"}}'
+        for k, (t, n) in enumerate(calls)
+    ]
+    text = "ENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> bf16[64,16] {\n"
+    text += "  %a = bf16[64,32]{1,0} parameter(0)\n  %b = bf16[32,16]{1,0} parameter(1)\n" + "\n".join(lines) + "\n}\n"
+    assert gpu_program.analyze_program(text, seq_len=64).attention == attention

@@ -11,8 +11,9 @@ generation — and checks each module:
   attention custom call for `cudnn`;
 * the collectives of its layout: reduce-scatter and all-gather for ZeRO-1, all-to-all for expert parallelism.
 
-cuDNN attention queries the local GPU while it is lowered, so a host without one lowers `attention=xla` in its
-place and says so in the notes; `launch.gpu_check` runs the cuDNN kernel on a GPU.
+cuDNN and Pallas attention query the local GPU while they are lowered, so a host without the target's GPU lowers
+`attention=xla` in their place and says so in the notes; `launch.gpu_check` runs them on a GPU (and
+`--compile` builds them for one).
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def for_platform(config: ml_collections.ConfigDict, platform: str) -> tuple[ml_c
     cfg = ml_collections.ConfigDict(config.to_dict())
     cfg.model.kernels.platform = platform
     notes = []
-    if kernel_choice.resolve(cfg.model).attention == "cudnn" and kernel_choice.current_platform() != "cuda":
+    attention = kernel_choice.resolve(cfg.model).attention
+    if attention in ("cudnn", "pallas") and kernel_choice.current_platform() != platform:
         cfg.model.kernels.attention = "xla"
-        notes.append("attention=cudnn queries the local GPU when lowered: lowered with attention=xla on this host")
+        notes.append(f"attention={attention} queries the local GPU when lowered: lowered with attention=xla here")
     return cfg, notes
 
 

@@ -41,7 +41,8 @@ DROPLESS_DISPATCHES = ("dropless", "dense")
 KERNEL_PLATFORMS = ("auto", "cpu", "cuda", "rocm")
 MATMUL_KERNELS = ("auto", "xla", "xla_cpu")  # xla_cpu: bf16 GEMMs in XLA:CPU's fast layout, residuals as bits
 GROUPED_GEMM_KERNELS = ("auto", "loops", "ragged_dot", "ragged_dot_bf16", "tokamax")  # dropless expert GEMMs
-ATTENTION_KERNELS = ("auto", "xla", "cudnn")  # xla: chunked causal einsums; cudnn: fused (CUDA, bf16)
+# xla: chunked causal einsums; cudnn: fused (CUDA, bf16); pallas: Pallas Triton flash attention (ROCm/CUDA, bf16)
+ATTENTION_KERNELS = ("auto", "xla", "cudnn", "pallas")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 CONTEXT_LAYOUTS = ("contiguous", "zigzag")
 SCHEDULES = ("warmup_cosine", "wsd", "constant")

@@ -84,6 +84,11 @@ def validate_kernels(m: ml_collections.ConfigDict) -> None:
         f"model.kernels.attention=cudnn needs model.dtype=bfloat16 on CUDA (now dtype={m.dtype!r}, "
         f"platform={k.platform!r}); use model.kernels.attention=auto or xla",
     )
+    _check(
+        k.attention != "pallas" or m.dtype == "bfloat16",
+        f"model.kernels.attention=pallas needs model.dtype=bfloat16 (now {m.dtype!r}); "
+        "use model.kernels.attention=auto or xla",
+    )
 
 
 def check_sequence_split(config: ml_collections.ConfigDict, context: int) -> None:

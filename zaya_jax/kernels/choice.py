@@ -26,8 +26,8 @@ AUTO = {
     "cuda": ("xla", "ragged_dot", "cudnn"),
     # ROCm: hipBLASLt; ragged_dot with a compute-dtype (bf16) result, which the grouped-GEMM flag of
     # launch/rocm/env.sh lowers to hipBLASLt's grouped GEMM forward and backward (an fp32 result: a dense GEMM
-    # over all experts); no fused attention in jax for ROCm (Transformer Engine's CK kernels are a separate install)
-    "rocm": ("xla", "ragged_dot_bf16", "xla"),
+    # over all experts); jax's Pallas Triton flash attention for bf16 (fp32: xla)
+    "rocm": ("xla", "ragged_dot_bf16", "pallas"),
 }
 
 
@@ -38,7 +38,7 @@ class Kernels:
     platform: str  # cpu | cuda | rocm
     matmul: str  # xla | xla_cpu
     grouped_gemm: str  # loops | ragged_dot | ragged_dot_bf16 | tokamax
-    attention: str  # xla | cudnn
+    attention: str  # xla | cudnn | pallas
 
     def __str__(self) -> str:
         return (
@@ -78,10 +78,14 @@ class Kernels:
 
     def causal_attention(self, q, k, v, dtype, q_offset: int | jax.Array = 0, chunk: int = 0) -> jax.Array:
         """Grouped-query causal attention: q [B, Sq, n_q, d], k/v [B, Sk, n_kv, d] → [B, Sq, n_q, d] in `dtype`.
-        A fused kernel runs the plain full-sequence case; blocks at a traced offset (context parallel) or
-        fewer queries than keys run the `xla` einsums."""
+        A fused kernel runs the plain full-sequence case; blocks at a traced offset (context parallel), fewer
+        queries than keys, or a shape `pallas` cannot tile run the `xla` einsums."""
         with jax.named_scope("attention"):  # names the ops in compiled HLO (zaya_jax.planning.gpu_program)
-            if self.attention != "xla" and isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]:
+            plain = isinstance(q_offset, int) and q_offset == 0 and q.shape[1] == k.shape[1]
+            if plain and self.attention == "pallas" and attention_kernels.pallas_fits(q.shape[1], q.shape[3]):
+                interpret = self.platform == "cpu"
+                return attention_kernels.pallas_causal_attention(q, k, v, dtype, interpret=interpret)
+            if plain and self.attention == "cudnn":
                 return attention_kernels.fused_causal_attention(q, k, v, dtype, self.attention)
             return attention_kernels.causal_attention(q, k, v, dtype, q_offset, chunk, self.matmul)
 
@@ -106,7 +110,7 @@ def resolve(m: ml_collections.ConfigDict) -> Kernels:
     )
     platform = current_platform() if k.platform == "auto" else k.platform
     defaults = dict(zip(("matmul", "grouped_gemm", "attention"), AUTO[platform]))
-    if m.dtype != "bfloat16" and defaults["attention"] == "cudnn":
+    if m.dtype != "bfloat16" and defaults["attention"] != "xla":
         defaults["attention"] = "xla"
     chosen = {name: (defaults[name] if k[name] == "auto" else k[name]) for name in defaults}
     return Kernels(platform=platform, **chosen)

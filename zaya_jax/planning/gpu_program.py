@@ -53,7 +53,7 @@ class GpuProgram:
     # lowering → count: "dense dot", "ragged-dot" (left to the runtime), "dense GEMM call", "grouped GEMM call",
     # "grouped Pallas call"
     expert_gemms: dict[str, int]
-    attention: str  # cudnn | xla
+    attention: str  # cudnn | pallas | xla
     square_buffers: list[str]  # instructions with an [.., S, S] result
     collectives: list[AsyncCollective]
 
@@ -175,6 +175,15 @@ def _schedule(comps: dict[str, list[Instr]], fused: set[str]) -> list[AsyncColle
 _BOOKKEEPING = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy-start", "copy-done"})
 
 
+def _attention(comps, targets: Counter) -> str:
+    """Which attention kernel the program runs: `cudnn` (cuDNN's `__cudnn$fmha…` calls), `pallas` (a Triton call
+    of Pallas's flash attention, `mha_forward` in its op name) or `xla` (einsums)."""
+    if any("cudnn$fmha" in t for t in targets):
+        return "cudnn"
+    pallas = (i for instrs in comps.values() for i in instrs if call_target(i) == "__gpu$xla.gpu.triton")
+    return "pallas" if any("mha_forward" in op_name(i) for i in pallas) else "xla"
+
+
 def analyze_program(text: str, seq_len: int) -> GpuProgram:
     """Read the scheduled HLO `text` of a GPU-compiled step whose sequences are `seq_len` long."""
     comps, _ = parse_computations(text)
@@ -182,7 +191,7 @@ def analyze_program(text: str, seq_len: int) -> GpuProgram:
     top = [i for name, instrs in comps.items() if name not in fused for i in instrs]
     targets = Counter(call_target(i) for instrs in comps.values() for i in instrs if i.opcode == "custom-call")
     dots = sum(1 for instrs in comps.values() for i in instrs if _is_dot(i))
-    attention = "cudnn" if any("cudnn$fmha" in t for t in targets) else "xla"
+    attention = _attention(comps, targets)
     return GpuProgram(
         fusions=sum(1 for i in top if i.opcode == "fusion"),
         custom_calls=dict(targets),

@@ -179,7 +179,29 @@ def topology_devices(target: GpuTarget, nodes: int = 1, gpus_per_node: int = 8) 
         raise ConfigError(
             f"describing {nodes} x {gpus_per_node} {target.name} GPUs: {type(err).__name__}: {first}"
         ) from err
-    return list(topo.devices)
+    devices = list(topo.devices)
+    if target.platform == "rocm":
+        _describe_for_pallas(target, devices[0].device_kind)
+    return devices
+
+
+def _gcn_arch(target: GpuTarget) -> str:
+    """The target's GPU architecture (`gcn_arch_name` in its config, less feature flags: "gfx942")."""
+    for line in target_config(target).splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "gcn_arch_name":
+            return value.strip().strip('"').split(":")[0]
+    raise ConfigError(f"{target.config_file}: no gcn_arch_name")
+
+
+def _describe_for_pallas(target: GpuTarget, device_kind: str) -> None:
+    """Tell Pallas's Triton lowering (the `pallas` attention kernel) which GPU a compile-only ROCm device is. It
+    asks the default device for its architecture; a compile-only device's kind ("AMD Instinct MI300X") names
+    none, so register the kind with the target's architecture (jax's registry of device kinds it cannot map)."""
+    from jax._src.pallas.triton import gpu_info
+
+    arch = _gcn_arch(target)
+    gpu_info.registry[device_kind] = lambda: gpu_info.GpuInfo(gpu_version=None, arch_name=arch, compute_capability=0)
 
 
 def topology_for(mesh: dict[str, int], nodes: int | None = None, gpus_per_node: int = 8) -> tuple[int, int]:

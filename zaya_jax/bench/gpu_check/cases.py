@@ -29,7 +29,7 @@ GROUPED_LOWERING_FLAG = {
     "rocm": "--xla_gpu_experimental_use_ragged_dot_grouped_gemm",
     "cuda": "--xla_gpu_experimental_use_ragged_dot_fusion",
 }
-ATTENTION_KERNELS = {"cpu": ("xla",), "rocm": ("xla",), "cuda": ("xla", "cudnn")}
+ATTENTION_KERNELS = {"cpu": ("xla",), "rocm": ("xla", "pallas"), "cuda": ("xla", "cudnn", "pallas")}
 
 
 @dataclasses.dataclass(frozen=True)
