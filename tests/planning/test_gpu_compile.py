@@ -8,6 +8,7 @@ mi300x; without the extra they skip and say why.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -304,8 +305,9 @@ def test_tiny_zero1_expert_parallel_on_8_gpus(target, tmp_path):
 def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     """The kernels `auto` picks for each GPU, as its compiler emits them: attention (cuDNN's fused kernel on H100,
     XLA's einsums on MI300X) and the dropless expert GEMMs: hipBLASLt's grouped GEMM on MI300X (`ragged_dot_bf16`,
-    forward and backward: 2 + 4 calls, the routed FLOPs only); on H100 XLA lowers `ragged_dot` to dense GEMMs
-    over all 4 experts (docs/kernels.md, "what the GPU compiler makes of it")."""
+    forward and backward: 2 + 4 calls, the routed FLOPs only); on H100 tokamax's Mosaic GPU grouped kernels where
+    tokamax >= 0.0.17 is installed (the `gpu-compile` extra asks for it), else XLA's `ragged_dot`, dense GEMMs over
+    all 4 experts (docs/kernels.md, "Compiling for GPUs without one")."""
     _needs_extra(gpu_target.get_target(target).platform)
     result = _compile("tiny,model.dtype=bfloat16", {"data": 1}, target, tmp_path)
     program = result["program"]
@@ -315,5 +317,21 @@ def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     if target == "mi300x":
         assert program["expert_gemms"] == {"grouped GEMM call": 6}, program["expert_gemms"]
         assert 1.0 <= result["expert_ratio"] <= 1.15
+    elif _tokamax_for_gpu():
+        assert result["kernels"].startswith("platform=cuda matmul=xla grouped_gemm=tokamax"), result["kernels"]
+        assert "(tokamax)" in result["line"]
+        assert set(program["expert_gemms"]) == {"grouped Pallas call"}, program["expert_gemms"]
+        assert program["custom_calls"].get("mosaic_gpu_v2", 0) >= 6, program["custom_calls"]  # 2 fwd + 4 bwd
+        assert 1.0 <= result["expert_ratio"] <= 1.15
     else:
+        assert "grouped_gemm=ragged_dot (grouped_gemm auto: tokamax" in result["kernels"]
         assert "grouped GEMM call" not in program["expert_gemms"] and result["expert_ratio"] > 3.5
+
+
+def _tokamax_for_gpu() -> bool:
+    """tokamax >= 0.0.17 (with jax 0.12: the `gpu-compile` extra) is installed."""
+    try:
+        version = importlib.metadata.version("tokamax")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return tuple(int(p) for p in version.split(".")[:3]) >= (0, 0, 17)
