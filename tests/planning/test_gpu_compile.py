@@ -161,6 +161,19 @@ def test_pallas_ragged_dots_count_as_grouped_expert_gemms():
     assert gpu_compile._expert_executed(stats, program.expert_gemms, routed=3000.0) == dense + 2000.0
 
 
+def test_the_compile_line_names_the_grouped_gemm_of_a_dropless_step_only():
+    from zaya_jax.planning import gpu_compile
+
+    config = load_config("experiments/zaya1.py:tiny")
+    with config.unlocked():
+        config.model.kernels.update(platform="cuda", grouped_gemm="ragged_dot")
+        assert gpu_compile._grouped_gemm(config) == "ragged_dot"  # `auto` dispatch without an expert axis: dropless
+        config.mesh.expert = 4
+        assert gpu_compile._grouped_gemm(config) == ""  # `auto` with an expert axis: ep, capacity buffers
+        config.mesh.expert, config.model.dispatch = 1, "capacity"
+        assert gpu_compile._grouped_gemm(config) == ""
+
+
 def _gpu_check(*args, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "launch.gpu_check", *args], cwd=REPO, env=ENV, capture_output=True, text=True,

@@ -48,6 +48,7 @@ class GpuCompileResult:
     xla_cost_bytes_accessed: float = 0.0  # XLA's HLO cost analysis of the compiled module (loop bodies once)
     flags: tuple = ()
     kernels: str = ""  # the kernels the model resolved to for the target (`zaya_jax.kernels.describe`)
+    grouped_gemm: str = ""  # the grouped-GEMM kernel the step runs; "" under a capacity dispatch (`_grouped_gemm`)
     notes: list = dataclasses.field(default_factory=list)
     hlo_text: str = dataclasses.field(default="", repr=False)
 
@@ -79,8 +80,7 @@ class GpuCompileResult:
         )
 
     def _grouped(self) -> str:
-        m = re.search(r"grouped_gemm=(\w+)", self.kernels)
-        return f" ({m.group(1)})" if m else ""
+        return f" ({self.grouped_gemm})" if self.grouped_gemm else ""
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -102,6 +102,15 @@ def routed_expert_flops(config: ml_collections.ConfigDict, num_devices: int) -> 
     tokens = t.global_batch_size * t.seq_len / num_devices
     passes = 4 if m.remat in ("full", "dots_no_batch") else 3
     return 2 * 3 * m.hidden_size * m.moe_intermediate_size * m.num_layers * tokens * passes
+
+
+def _grouped_gemm(cfg: ml_collections.ConfigDict) -> str:
+    """The grouped-GEMM kernel `cfg`'s step runs: the resolved one under the dropless dispatch (`auto` is dropless
+    without an expert axis > 1, `zaya_jax.model.moe.resolve_dispatch`), else "" (capacity buffers, batched GEMMs)."""
+    dispatch = cfg.model.dispatch
+    if dispatch == "auto":
+        dispatch = "ep" if int(cfg.mesh.expert) > 1 else "dropless"
+    return kernels.resolve(cfg.model).grouped_gemm if dispatch == "dropless" else ""
 
 
 def _expert_tag(op_name: str) -> str:
@@ -179,6 +188,7 @@ def compile_step(
     devices = gpu_target.topology_devices(target, nodes, gpus)
     cfg = for_target(config, target)
     result.kernels = kernels.describe(cfg.model)  # as the model will resolve them, reason for a stand-in included
+    result.grouped_gemm = _grouped_gemm(cfg)
     t0 = time.perf_counter()
     try:
         with jax.default_device(devices[0]):  # a library asking the default device (tokamax) sees the target
