@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.tools import REPO
+from zaya_jax import kernels
 from zaya_jax.bench import common
 from zaya_jax.bench.gpu_check import Options, cases, jobs, parity, report, run, throughput
 from zaya_jax.config import load_config
@@ -105,13 +106,19 @@ def _planned(platform: str, monkeypatch, xla_flags: str = "", tokamax: bool = Fa
     return {p.label: p for p in throughput.plan_cases([config], platform, tokamax=tokamax)}
 
 
-def test_cuda_cases_default_first_and_flag_case_in_a_subprocess(monkeypatch):
+@pytest.mark.parametrize("usable", [True, False])
+def test_cuda_cases_default_first_and_flag_case_in_a_subprocess(usable, monkeypatch):
+    """auto on CUDA: tokamax where the installed one compiles for GPUs, else ragged_dot; cuDNN attention."""
+    monkeypatch.setattr(kernels.choice, "tokamax_unusable", lambda: "" if usable else "tokamax 0.0.12 is older")
     planned = _planned("cuda", monkeypatch, "--xla_force_host_platform_device_count=8", tokamax=True)
+    ragged, tokamax = "tiny ragged_dot (XLA default lowering)", "tiny tokamax"
+    first, second = (tokamax, ragged) if usable else (ragged, tokamax)
     assert list(planned) == [
-        "tiny ragged_dot (XLA default lowering) (default)",  # auto on CUDA: ragged_dot, cuDNN attention
+        f"{first} (default)",
+        *([second] if usable else []),
         "tiny ragged_dot (grouped lowering flag)",
         "tiny ragged_dot_bf16",
-        "tiny tokamax",
+        *([] if usable else [second]),
         "tiny capacity",
         "tiny attention xla",  # attention cudnn is the default case already
         "tiny attention pallas",

@@ -252,21 +252,25 @@ def kernel_cfg(dtype="float32", **chosen):
 
 
 @pytest.mark.parametrize(
-    "platform, dtype, expected",
+    "platform, dtype, tokamax, expected",
     [
-        ("cpu", "bfloat16", ("xla_cpu", "loops", "xla")),
-        ("cuda", "bfloat16", ("xla", "ragged_dot", "cudnn")),
-        ("cuda", "float32", ("xla", "ragged_dot", "xla")),  # cuDNN's fused attention takes bf16 / fp16 only
-        ("rocm", "bfloat16", ("xla", "ragged_dot_bf16", "pallas")),  # bf16 results: hipBLASLt's grouped GEMM
-        ("rocm", "float32", ("xla", "ragged_dot_bf16", "xla")),  # the fused kernels take bf16 only
+        ("cpu", "bfloat16", "", ("xla_cpu", "loops", "xla")),
+        ("cuda", "bfloat16", "", ("xla", "tokamax", "cudnn")),  # a tokamax that compiles for GPUs is installed
+        ("cuda", "bfloat16", "tokamax 0.0.12 is older", ("xla", "ragged_dot", "cudnn")),  # one that does not
+        ("cuda", "float32", "", ("xla", "tokamax", "xla")),  # cuDNN's fused attention takes bf16 / fp16 only
+        ("rocm", "bfloat16", "", ("xla", "ragged_dot_bf16", "pallas")),  # bf16 results: hipBLASLt's grouped GEMM
+        ("rocm", "float32", "", ("xla", "ragged_dot_bf16", "xla")),  # the fused kernels take bf16 only
     ],
 )
-def test_auto_resolves_per_target_platform(platform, dtype, expected):
+def test_auto_resolves_per_target_platform(platform, dtype, tokamax, expected, monkeypatch):
+    # "" (usable) or why not; tests/kernels/test_choice.py checks the reading of the installed tokamax
+    monkeypatch.setattr(kernels.choice, "tokamax_unusable", lambda: tokamax)
     chosen = kernels.resolve(kernel_cfg(dtype, platform=platform))
     assert (chosen.platform, chosen.matmul, chosen.grouped_gemm, chosen.attention) == (platform, *expected)
 
 
-def test_explicit_kernels_win_and_auto_platform_is_this_process():
+def test_explicit_kernels_win_and_auto_platform_is_this_process(monkeypatch):
+    monkeypatch.setattr(kernels.choice, "tokamax_unusable", lambda: "no tokamax")
     chosen = kernels.resolve(kernel_cfg("bfloat16", platform="rocm", grouped_gemm="tokamax", matmul="xla_cpu"))
     assert (chosen.matmul, chosen.grouped_gemm, chosen.attention) == ("xla_cpu", "tokamax", "pallas")
     assert kernels.resolve(kernel_cfg()).platform == "cpu"  # the tests run on CPU devices

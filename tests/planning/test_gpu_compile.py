@@ -8,6 +8,7 @@ mi300x; without the extra they skip and say why.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -161,6 +162,19 @@ def test_pallas_ragged_dots_count_as_grouped_expert_gemms():
     assert gpu_compile._expert_executed(stats, program.expert_gemms, routed=3000.0) == dense + 2000.0
 
 
+def test_the_compile_line_names_the_grouped_gemm_of_a_dropless_step_only():
+    from zaya_jax.planning import gpu_compile
+
+    config = load_config("experiments/zaya1.py:tiny")
+    with config.unlocked():
+        config.model.kernels.update(platform="cuda", grouped_gemm="ragged_dot")
+        assert gpu_compile._grouped_gemm(config) == "ragged_dot"  # `auto` dispatch without an expert axis: dropless
+        config.mesh.expert = 4
+        assert gpu_compile._grouped_gemm(config) == ""  # `auto` with an expert axis: ep, capacity buffers
+        config.mesh.expert, config.model.dispatch = 1, "capacity"
+        assert gpu_compile._grouped_gemm(config) == ""
+
+
 def _gpu_check(*args, timeout=120):
     return subprocess.run(
         [sys.executable, "-m", "launch.gpu_check", *args], cwd=REPO, env=ENV, capture_output=True, text=True,
@@ -306,8 +320,9 @@ def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     """The kernels `auto` picks for each GPU, as its compiler emits them: attention (cuDNN's fused kernel on H100,
     Pallas's Triton flash attention on MI300X, neither with an [.., S, S] buffer) and the dropless expert GEMMs:
     hipBLASLt's grouped GEMM on MI300X (`ragged_dot_bf16`, forward and backward: 2 + 4 calls, the routed FLOPs
-    only); on H100 XLA lowers `ragged_dot` to dense GEMMs
-    over all 4 experts (docs/kernels.md, "what the GPU compiler makes of it")."""
+    only); on H100 tokamax's Mosaic GPU grouped kernels where tokamax >= 0.0.17 is installed (the `gpu-compile`
+    extra asks for it), else XLA's `ragged_dot`, dense GEMMs over all 4 experts (docs/kernels.md, "what the GPU
+    compiler makes of it")."""
     _needs_extra(gpu_target.get_target(target).platform)
     result = _compile("tiny,model.dtype=bfloat16", {"data": 1}, target, tmp_path)
     program = result["program"]
@@ -316,7 +331,16 @@ def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     if target == "mi300x":
         assert program["expert_gemms"] == {"grouped GEMM call": 6}, program["expert_gemms"]
         assert 1.0 <= result["expert_ratio"] <= 1.15
+    elif _tokamax_for_gpu():
+        assert result["kernels"].startswith("platform=cuda matmul=xla grouped_gemm=tokamax"), result["kernels"]
+        assert "(tokamax)" in result["line"]
+        # Mosaic GPU calls in the scheduled HLO: 4 forward and 4 input-gradient `ragged_dot_sm90`, 4 weight-gradient
+        # `ragged_contracting_dim_dot_sm90` (tokamax 0.0.17, jax 0.12.0.1)
+        assert program["expert_gemms"] == {"grouped Pallas call": 12}, program["expert_gemms"]
+        assert program["custom_calls"].get("mosaic_gpu_v2") == 12, program["custom_calls"]
+        assert 1.0 <= result["expert_ratio"] <= 1.15
     else:
+        assert "grouped_gemm=ragged_dot (grouped_gemm auto: tokamax" in result["kernels"]
         assert "grouped GEMM call" not in program["expert_gemms"] and result["expert_ratio"] > 3.5
 
 
@@ -338,3 +362,12 @@ def test_attention_kernel_is_read_from_its_custom_calls(calls, attention):
     text = "ENTRY %main (a: bf16[64,32], b: bf16[32,16]) -> bf16[64,16] {\n"
     text += "  %a = bf16[64,32]{1,0} parameter(0)\n  %b = bf16[32,16]{1,0} parameter(1)\n" + "\n".join(lines) + "\n}\n"
     assert gpu_program.analyze_program(text, seq_len=64).attention == attention
+
+
+def _tokamax_for_gpu() -> bool:
+    """tokamax >= 0.0.17 (with jax 0.12: the `gpu-compile` extra) is installed."""
+    try:
+        version = importlib.metadata.version("tokamax")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return tuple(int(p) for p in version.split(".")[:3]) >= (0, 0, 17)

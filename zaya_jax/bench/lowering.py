@@ -82,7 +82,7 @@ def lower_step(config: ml_collections.ConfigDict, platform: str, devices: list |
     cfg, notes = for_platform(config, platform)
     report = LoweringReport(platform, notes=notes)
     chosen = kernel_choice.resolve(cfg.model)
-    report.notes.append(f"kernels: {chosen}")
+    report.notes.append(f"kernels: {kernel_choice.describe(cfg.model)}")
     devices = list(devices if devices is not None else jax.devices())
     for name, mesh in STEPS:
         need = mesh["data"] * mesh["expert"] * mesh["context"]

@@ -10,7 +10,7 @@ bits), `grouped` / `grouped_loops` (expert GEMMs), `attention`. Lowering a step 
 choice compiles there is `zaya_jax.bench.lowering`.
 """
 
-from zaya_jax.kernels.choice import AUTO, Kernels, current_platform, resolve, resolved_config
+from zaya_jax.kernels.choice import AUTO, Kernels, current_platform, describe, resolve, resolved_config
 from zaya_jax.kernels.grouped import ExpertWeights
 from zaya_jax.kernels.matmul import BATCHED_MATMUL, MATMUL
 
@@ -21,6 +21,7 @@ __all__ = [
     "ExpertWeights",
     "Kernels",
     "current_platform",
+    "describe",
     "resolve",
     "resolved_config",
 ]

@@ -10,9 +10,13 @@ host lowering a program for a GPU names it (`model.kernels.platform=rocm`). Each
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 
 import jax
 import ml_collections
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 from zaya_jax.kernels import attention as attention_kernels
 from zaya_jax.kernels import matmul as matmul_kernels
@@ -22,13 +26,23 @@ from zaya_jax.kernels.grouped import ExpertWeights, dropless_swiglu
 AUTO = {
     # XLA:CPU: bf16 GEMMs only run fast in the forward layout; ragged_dot is a dense masked dot (E× the work)
     "cpu": ("xla_cpu", "loops", "xla"),
-    # CUDA: cuBLAS picks layouts; ragged_dot as XLA lowers it; cuDNN flash attention for bf16 (fp32: xla)
-    "cuda": ("xla", "ragged_dot", "cudnn"),
+    # CUDA: cuBLAS picks layouts; tokamax's grouped GEMM (Mosaic GPU kernels on H100, forward and backward: only
+    # the routed rows) where the installed tokamax can build it, else `ragged_dot`, which XLA lowers to dense GEMMs
+    # over all experts (E× the routed FLOPs; `tokamax_unusable`); cuDNN flash attention for bf16 (fp32: xla)
+    "cuda": ("xla", "tokamax", "cudnn"),
     # ROCm: hipBLASLt; ragged_dot with a compute-dtype (bf16) result, which the grouped-GEMM flag of
     # launch/rocm/env.sh lowers to hipBLASLt's grouped GEMM forward and backward (an fp32 result: a dense GEMM
     # over all experts); jax's Pallas Triton flash attention for bf16 (fp32: xla)
     "rocm": ("xla", "ragged_dot_bf16", "pallas"),
 }
+
+
+# `auto`'s stand-in where its choice cannot run here (the reason: `tokamax_unusable`)
+AUTO_FALLBACK = {"tokamax": "ragged_dot"}
+# The first tokamax release whose grouped GEMM compiles for an H100 under jax 0.12 (docs/kernels.md): 0.0.12 does
+# not trace for a GPU there (its Triton kernel calls the removed `pl.dot`, its Mosaic GPU kernel passes `out_shape`
+# to `Mesh`). 0.0.17 needs Python >= 3.12 and jax >= 0.11.1.
+TOKAMAX_FOR_GPU = "0.0.17"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,19 +115,61 @@ def current_platform() -> str:
     raise ValueError(f"no kernels for the {backend!r} backend (zaya_jax targets cpu, cuda and rocm)")
 
 
-def resolve(m: ml_collections.ConfigDict) -> Kernels:
-    """The concrete kernels of model config `m` (`m.kernels`, `m.dtype`; a config from before `model.kernels`
-    existed counts as all "auto"). Fused attention needs bf16 operands, so an fp32 model resolves attention
-    "auto" to `xla` on every platform."""
-    k = m.get("kernels") or ml_collections.ConfigDict(
+@functools.cache
+def tokamax_unusable() -> str:
+    """Why the installed tokamax cannot be CUDA's grouped GEMM, in one line; "" when it can: tokamax >= 0.0.17
+    (whose grouped GEMM compiles for a GPU under jax 0.12) and this jax meets tokamax's own jax requirement."""
+    install = f"pip install 'tokamax>={TOKAMAX_FOR_GPU}' (Python >= 3.12)"
+    try:
+        dist = importlib.metadata.distribution("tokamax")
+    except importlib.metadata.PackageNotFoundError:
+        return f"tokamax is not installed: {install}"
+    if Version(dist.version) < Version(TOKAMAX_FOR_GPU):
+        return f"tokamax {dist.version} is older than {TOKAMAX_FOR_GPU}, the first that compiles for GPUs: {install}"
+    for text in dist.requires or ():
+        req = Requirement(text)
+        if req.name == "jax" and req.marker is None and not req.specifier.contains(jax.__version__, prereleases=True):
+            return f"tokamax {dist.version} needs {req}, this is jax {jax.__version__}"
+    return ""
+
+
+def _requested(m: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`m.kernels`; a config from before `model.kernels` existed counts as all "auto"."""
+    return m.get("kernels") or ml_collections.ConfigDict(
         dict(platform="auto", matmul="auto", grouped_gemm="auto", attention="auto")
     )
+
+
+def _auto(m: ml_collections.ConfigDict) -> tuple[str, dict[str, str], dict[str, str]]:
+    """(platform, each kernel's "auto" choice, why a requested "auto" is not AUTO's first choice: {name: reason})."""
+    k = _requested(m)
     platform = current_platform() if k.platform == "auto" else k.platform
     defaults = dict(zip(("matmul", "grouped_gemm", "attention"), AUTO[platform]))
+    why = {}
     if m.dtype != "bfloat16" and defaults["attention"] != "xla":
-        defaults["attention"] = "xla"
+        fused = "cuDNN's" if defaults["attention"] == "cudnn" else "Pallas's"
+        defaults["attention"], why["attention"] = "xla", f"{fused} fused attention takes bf16 only"
+    if defaults["grouped_gemm"] == "tokamax" and (reason := tokamax_unusable()):
+        defaults["grouped_gemm"], why["grouped_gemm"] = AUTO_FALLBACK["tokamax"], reason
+    return platform, defaults, {name: text for name, text in why.items() if k[name] == "auto"}
+
+
+def resolve(m: ml_collections.ConfigDict) -> Kernels:
+    """The concrete kernels of model config `m` (`m.kernels`, `m.dtype`). Fused attention needs bf16 operands, so
+    an fp32 model resolves attention "auto" to `xla` on every platform; CUDA's grouped GEMM "auto" is `tokamax`
+    only where `tokamax_unusable()` finds no reason against it, else `ragged_dot`."""
+    k = _requested(m)
+    platform, defaults, _ = _auto(m)
     chosen = {name: (defaults[name] if k[name] == "auto" else k[name]) for name in defaults}
     return Kernels(platform=platform, **chosen)
+
+
+def describe(m: ml_collections.ConfigDict) -> str:
+    """The resolved kernels of `m` in one line, with the reason wherever "auto" had to take a stand-in for the
+    platform's first choice (the run header, `launch.gpu_check`'s reports)."""
+    _, _, why = _auto(m)
+    notes = "; ".join(f"{name} auto: {reason}" for name, reason in why.items())
+    return f"{resolve(m)} ({notes})" if notes else str(resolve(m))
 
 
 def resolved_config(m: ml_collections.ConfigDict) -> ml_collections.FrozenConfigDict:

@@ -15,8 +15,9 @@ Four implementations (`model.kernels.grouped_gemm`), all computing exactly the a
   dtype too. This is what XLA lowers to hipBLASLt's grouped GEMM on ROCm, forward and backward (the `auto`
   choice there, `zaya_jax.kernels.choice`); weight gradients reach the fp32 parameters through the cast's
   transpose, and micro-batches still accumulate them in fp32.
-* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed; results in
-  the compute dtype like `ragged_dot_bf16` (its Mosaic GPU backward needs the cotangent in the operands' dtype).
+* `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed (CUDA's
+  `auto` with tokamax >= 0.0.17, `zaya_jax.kernels.choice`); results in the compute dtype like `ragged_dot_bf16`
+  (its Mosaic GPU backward needs the cotangent in the operands' dtype).
 """
 
 from __future__ import annotations
@@ -59,10 +60,10 @@ def _ragged_dot_of(kernel: str):
         return jax.lax.ragged_dot
     if kernel == "tokamax":
         try:
-            import tokamax  # optional: a GPU kernel library, installed with the `cuda` / `rocm` extras
+            import tokamax  # optional: a GPU kernel library, installed with the `cuda` / `gpu-compile` / `test` extras
         except ImportError as e:
             raise RuntimeError(
-                "model.kernels.grouped_gemm=tokamax needs the tokamax package: pip install tokamax "
+                "model.kernels.grouped_gemm=tokamax needs the tokamax package: pip install 'tokamax>=0.0.17' "
                 "(or choose model.kernels.grouped_gemm=ragged_dot)"
             ) from e
         return tokamax.ragged_dot

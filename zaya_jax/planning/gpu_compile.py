@@ -20,6 +20,7 @@ import time
 import jax
 import ml_collections
 
+from zaya_jax import kernels
 from zaya_jax.planning import gpu_program, gpu_target, hlo_stats
 from zaya_jax.planning.abstract_step import lower_train_step
 
@@ -46,6 +47,8 @@ class GpuCompileResult:
     hbm_traffic_bytes: float = 0.0  # operands + results of the top-level kernels per step (hlo_stats, trips applied)
     xla_cost_bytes_accessed: float = 0.0  # XLA's HLO cost analysis of the compiled module (loop bodies once)
     flags: tuple = ()
+    kernels: str = ""  # the kernels the model resolved to for the target (`zaya_jax.kernels.describe`)
+    grouped_gemm: str = ""  # the grouped-GEMM kernel the step runs; "" under a capacity dispatch (`_grouped_gemm`)
     notes: list = dataclasses.field(default_factory=list)
     hlo_text: str = dataclasses.field(default="", repr=False)
 
@@ -62,18 +65,22 @@ class GpuCompileResult:
         return self.expert_flops_executed / self.expert_flops_routed if self.expert_flops_routed else 0.0
 
     def line(self) -> str:
-        """`compiled for h100: ok (peak 45.3 GB of 80.0 GB; expert FLOPs executed/routed 16.00; attention cudnn;
-        S×S buffers 0; async collectives with GEMMs between 0/3; 48.4 s)`."""
+        """`compiled for h100: ok (peak 32.6 GB of 80.0 GB; expert FLOPs executed/routed 1.00 (tokamax); attention
+        cudnn; S×S buffers 0; async collectives with GEMMs between 0/3; 48.4 s)`; in parentheses the grouped-GEMM
+        kernel the model resolved to."""
         if not self.ok:
             return f"compiled for {self.target}: FAILED ({self.error}; {self.lower_s + self.compile_s:.1f} s)"
         status = "ok" if self.fits else "DOES NOT FIT"
         p = self.program
         return (
             f"compiled for {self.target}: {status} (peak {self.peak / GB:.1f} GB of {self.hbm_bytes / GB:.1f} GB; "
-            f"expert FLOPs executed/routed {self.expert_ratio:.2f}; attention {p['attention']}; "
+            f"expert FLOPs executed/routed {self.expert_ratio:.2f}{self._grouped()}; attention {p['attention']}; "
             f"S×S buffers {len(p['square_buffers'])}; async collectives with GEMMs between "
             f"{p['async_with_gemms']}/{p['async']}; {self.lower_s + self.compile_s:.1f} s)"
         )
+
+    def _grouped(self) -> str:
+        return f" ({self.grouped_gemm})" if self.grouped_gemm else ""
 
     def as_dict(self) -> dict:
         out = dataclasses.asdict(self)
@@ -95,6 +102,15 @@ def routed_expert_flops(config: ml_collections.ConfigDict, num_devices: int) -> 
     tokens = t.global_batch_size * t.seq_len / num_devices
     passes = 4 if m.remat in ("full", "dots_no_batch") else 3
     return 2 * 3 * m.hidden_size * m.moe_intermediate_size * m.num_layers * tokens * passes
+
+
+def _grouped_gemm(cfg: ml_collections.ConfigDict) -> str:
+    """The grouped-GEMM kernel `cfg`'s step runs: the resolved one under the dropless dispatch (`auto` is dropless
+    without an expert axis > 1, `zaya_jax.model.moe.resolve_dispatch`), else "" (capacity buffers, batched GEMMs)."""
+    dispatch = cfg.model.dispatch
+    if dispatch == "auto":
+        dispatch = "ep" if int(cfg.mesh.expert) > 1 else "dropless"
+    return kernels.resolve(cfg.model).grouped_gemm if dispatch == "dropless" else ""
 
 
 def _expert_tag(op_name: str) -> str:
@@ -171,6 +187,8 @@ def compile_step(
     )
     devices = gpu_target.topology_devices(target, nodes, gpus)
     cfg = for_target(config, target)
+    result.kernels = kernels.describe(cfg.model)  # as the model will resolve them, reason for a stand-in included
+    result.grouped_gemm = _grouped_gemm(cfg)
     t0 = time.perf_counter()
     try:
         with jax.default_device(devices[0]):  # a library asking the default device (tokamax) sees the target

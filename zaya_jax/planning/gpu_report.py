@@ -24,6 +24,7 @@ def _gb(x: float) -> str:
 def target_section(r: dict) -> list[str]:
     """Markdown lines for one target."""
     head = [f"## {r['target']} ({r['platform']}, topology {r['topology']}, mesh {r['mesh']})", "", f"`{r['line']}`", ""]
+    head += [f"- model.kernels resolved to: {r['kernels']}"] if r.get("kernels") else []
     if not r["ok"]:
         return head + [f"Compile failed: {r['error']}", ""]
     m, p = r["memory"], r["program"]

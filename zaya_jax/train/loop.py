@@ -136,7 +136,7 @@ def train(
     if show:
         if start:
             tqdm.write(f"resumed from step {start} ({resumed_from(checkpointer, start)})")
-        tqdm.write(f"kernels: {chosen}")
+        tqdm.write(f"kernels: {kernels.describe(config.model)}")
         tqdm.write(health.LEGEND)
     bar = tqdm(total=t.steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
     last = {"time": time.perf_counter(), "step": start, "tokens": 0.0}

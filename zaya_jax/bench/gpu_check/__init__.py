@@ -118,7 +118,9 @@ def run(options: Options, log: Callable[[str], None] = print) -> int:
         tokamax = cases.tokamax_importable()
         planned = throughput.plan_cases(configs, platform, tokamax=tokamax)
         if platform != "cpu" and not tokamax:
-            s.notes.append("tokamax is not importable here: its grouped-GEMM case is left out (pip install tokamax)")
+            s.notes.append(
+                "tokamax is not importable here: its grouped-GEMM case is left out (pip install 'tokamax>=0.0.17')"
+            )
         execute = _case_runner(options, platform, gemm_peak, sheet, timing, log)
         throughput.run(s, planned, execute, t0 + options.budget_s)
 

@@ -97,5 +97,5 @@ def run(section: Section, model_cfg: ml_collections.ConfigDict) -> None:
     add("environment", "XLA_FLAGS", env.pop("XLA_FLAGS", ""))
     for name, value in env.items():
         add("environment", name, value)
-    resolved = kernels.resolve(model_cfg)
-    add("kernels", "resolved", str(resolved), note="model.kernels=auto on this host (zaya_jax.kernels.resolve)")
+    note = "model.kernels=auto on this host (zaya_jax.kernels.resolve)"
+    add("kernels", "resolved", kernels.describe(model_cfg), note=note)
