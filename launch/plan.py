@@ -7,6 +7,8 @@ and a projected step time / MFU on the paper's cluster — from abstract shapes,
     python -m launch.plan --config=experiments/zaya1_base.py --mesh=context:8 --seq_len=32768  # context-parallel CCA
     python -m launch.plan --config=experiments/zaya1_base.py --seq_len=4096 --microbatches=8 \
         --sweep=data:8,64,128,1024 --out=plan_sweep   # scaling curve: sweep.csv + sweep.png
+    python -m launch.plan --config=experiments/zaya1_base.py --seq_len=4096 --microbatches=8 \
+        --search --target=mi300x --nodes=128   # the fastest layout for 128 x 8 MI300X (launch.plan_search)
 
 The report ends with five lines: executed / analytic hardware FLOPs, optimizer / Newton-Schulz FLOPs,
 collective wire / ZeRO-1 minimum, projected MFU (compute + memory-bound + collectives, not overlapped, on the
@@ -95,9 +97,25 @@ flags.DEFINE_bool("fast_compile", True, "skip LLVM optimisation (HLO, buffers an
 flags.DEFINE_bool("compile_scaling", False, "measure compile time / HLO size for --scaling_depths instead")
 flags.DEFINE_list("scaling_depths", ["8", "40", "80"], "depths for --compile_scaling")
 flags.DEFINE_string("out", None, "write the result as JSON here (with --sweep: the output folder, default plan_sweep)")
+flags.DEFINE_bool(
+    "search", False, "search the fastest layout for --nodes x --gpus_per_node devices (launch.plan_search)"
+)
+flags.DEFINE_integer("nodes", None, "--search: nodes of the cluster (devices = nodes x --gpus_per_node)")
+flags.DEFINE_integer("search_budget", 6, "--search: at most this many new compiles (cached plans are free)")
+flags.DEFINE_string("search_cache", "plan_cache", "--search: folder of cached plans ('' = no cache)")
+flags.DEFINE_float("max_dropped", 0.01, "--search: expected fraction of routed tokens expert parallelism may drop")
+flags.DEFINE_float(
+    "expert_load_cv",
+    0.3,
+    "--search: global expert-load CV the capacity is sized for (a run's moe/max_load_cv; 0.3 = balanced, "
+    "about 1 for a fresh router's first steps)",
+)
+flags.DEFINE_integer("search_gpu_top", 2, "--search with --target: GPU-compile this many of the best layouts")
 cpu_devices.define_flag(8, "emulated CPU devices (wins over XLA_FLAGS' device count)")
 # every number checked while the flags are parsed: one line, exit 78, before anything is traced or compiled
-cli.require_numbers("seq_len", "batch_per_device", "microbatches", "gpus_per_node", minimum=1)
+cli.require_numbers("seq_len", "batch_per_device", "microbatches", "gpus_per_node", "nodes", minimum=1)
+cli.require_numbers("search_budget", "search_gpu_top", "expert_load_cv", minimum=0)
+cli.require_numbers("max_dropped", above=0, maximum=1)
 cli.require_numbers("xgmi_links", "capacity_factor", "alpha_xgmi_us", "alpha_nic_us", minimum=0)
 cli.require_numbers("xgmi_link_gbps", "nic_gbps", above=0)
 cli.require_numbers("nic_efficiency", "hbm_efficiency", "usable_memory_fraction", above=0, maximum=1)
@@ -335,7 +353,12 @@ def main(argv):
     del argv
     if FLAGS.out and not FLAGS.sweep:
         _check_out_file(FLAGS.out)
-    target = _gpu_target()
+    if FLAGS.search:
+        from launch import plan_search
+
+        target, no_gpu_compile = plan_search.prepare(FLAGS)
+    else:
+        target = _gpu_target()
     config = validate(_CONFIG.value)
     dispatch = None if FLAGS.dispatch == "config" else FLAGS.dispatch
     remat = None if FLAGS.remat in (None, "auto") else FLAGS.remat
@@ -354,10 +377,13 @@ def main(argv):
         )
     except ConfigError as err:
         cli.fail("plan", str(err))
-    if target is not None:
+    if target is not None and not FLAGS.search:
         _check_target_topology(cfg)
     for note in notes:
         print(f"note: {note}")
+    if FLAGS.search:
+        plan_search.main(FLAGS, cfg, target, no_gpu_compile, _cluster())
+        return
     if FLAGS.sweep:
         from launch.plan_sweep import run_sweep
 

@@ -1,0 +1,221 @@
+"""Layout search (docs/planner.md, "Searching for a layout"): which layout of a config runs fastest on a cluster.
+
+Branch and bound over `layouts.enumerate_layouts`, with compiles as the cost:
+
+1. every layout gets an analytic estimate without compiling (`estimate`): compute = the analytic hardware
+   FLOPs (model, capacity padding, remat recompute, Newton–Schulz balanced over devices) at the bf16 peak,
+   memory-bound time from `projection.hbm_traffic`, the ZeRO-1 minimum collectives priced on the cluster —
+   the step's top-level reduce-scatter and all-gather exposed, the per-layer ones (expert all-to-all,
+   context parallel) hidden up to the compute — and a floor under its memory per device (parameters' compute
+   copy, gradients, ZeRO-1 shards, the residual stream every remat policy keeps);
+2. layouts whose memory floor exceeds the usable memory are dropped ("cannot fit");
+3. the rest are planned (`plan.plan`: the real step compiled on the emulated mesh) in order of their
+   estimated step time, until the compile budget is spent; a layout whose compute + memory-bound time alone
+   (every collective hidden: its best case) is no faster than the best planned overlapped step is skipped
+   ("cannot win"), and so is one whose estimate is past it by more than `slack`; a planned layout that does
+   not fit rules out every layout of its mesh that needs at least its memory (`needs_more_memory`);
+4. the planned layouts are ranked by projected overlapped tokens/s per device (`plan` → `overlap`), those
+   whose estimated peak on a bf16 accelerator does not fit last.
+
+Plans are cached on disk by a hash of everything that decides them (the planned config, hardware, cluster,
+compile options, jax version), so a second search — or one with a larger budget — compiles only what is new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from zaya_jax.hardware import get_hardware
+from zaya_jax.planning import projection
+from zaya_jax.planning.abstract_step import planning_config
+from zaya_jax.planning.cluster import Cluster, Stage
+from zaya_jax.planning.flops import analytic_flops, effective_capacity_factor
+from zaya_jax.planning.layouts import Layout
+
+TOP_LEVEL = ("gradient_reduce_scatter", "parameter_all_gather")  # ZeRO-1's: issued after the layer loops
+
+
+def layout_config(config: ml_collections.ConfigDict, layout: Layout) -> ml_collections.ConfigDict:
+    """`config` set up to plan `layout` (`planning_config`: the ep dispatch at the layout's capacity factor,
+    which at capacity 1 on a data-only mesh computes what the dropless GEMMs do)."""
+    cfg, _ = planning_config(
+        config,
+        mesh=layout.mesh,
+        batch_per_device=layout.sequences,
+        microbatches=layout.microbatches,
+        remat=layout.remat,
+        dispatch="ep",
+        capacity_factor=layout.capacity_factor,
+        num_devices=layout.devices,
+    )
+    with cfg.unlocked():
+        cfg.model.capacity_factor = float(layout.capacity_factor)
+        cfg.train.overlap_collectives = layout.overlap_collectives
+    return cfg
+
+
+def memory_floor(cfg: ml_collections.ConfigDict, params: Any, n: int) -> float:
+    """Bytes per device no layout of `cfg` can go below: the compute copy of its local parameters and their
+    gradients (compute dtype each), the fp32 master and two moments of its 1/n ZeRO-1 shard, and the fp32
+    residual stream of every layer of one micro-batch (what even full remat keeps for the backward)."""
+    m, t = cfg.model, cfg.train
+    b = projection.dtype_bytes(m.dtype)
+    leaves = jax.tree.leaves(params)
+    local = sum(projection.compute_copy(x, cfg, n)[0] for x in leaves)
+    total = sum(math.prod(x.shape) for x in leaves)
+    tokens = t.global_batch_size // t.microbatches * t.seq_len / n
+    return local * 2 * b + total * 3 * projection.MASTER_BYTES / n + m.num_layers * tokens * m.hidden_size * 4
+
+
+def estimate(cfg: ml_collections.ConfigDict, params: Any, n: int, hardware: str, cluster: Cluster) -> dict:
+    """Analytic step of a planned config (module docstring, 1): seconds per part, `step_s`, `floor_s`
+    (compute + memory-bound: every collective hidden), `mfu`, and `memory_floor` bytes."""
+    hw = get_hardware(hardware)
+    flops = analytic_flops(cfg, n, params)
+    compute = (flops["hardware"] - flops["muon_newton_schulz"] * (1 - 1 / n)) / n / hw.peak_bf16_flops
+    ridge = hw.peak_bf16_flops / (hw.hbm_bandwidth * cluster.hbm_efficiency)
+    traffic = projection.hbm_traffic(cfg, params, n, effective_capacity_factor(cfg, n), 1.0 / n, ridge)
+    memory = traffic["total"] / (hw.hbm_bandwidth * cluster.hbm_efficiency)
+    _, times = projection.zero1_minimum(cfg, params, n, cluster)
+    top = sum((times[k] for k in TOP_LEVEL), Stage()).seconds
+    in_loops = sum((v for k, v in times.items() if k not in TOP_LEVEL), Stage()).seconds
+    step = compute + memory + top + max(0.0, in_loops - compute)
+    return {
+        "compute_s": compute,
+        "memory_s": memory,
+        "collective_s": top + in_loops,
+        "step_s": step,
+        "floor_s": compute + memory,
+        "mfu": flops["model"] / n / (step * hw.peak_bf16_flops),
+        "memory_floor": memory_floor(cfg, params, n),
+    }
+
+
+@dataclasses.dataclass
+class Candidate:
+    """A layout, its planned config and estimate; `plan` once compiled, else why it was not (`skipped`)."""
+
+    layout: Layout
+    config: ml_collections.ConfigDict
+    estimate: dict
+    plan: dict | None = None
+    cached: bool = False
+    skipped: str = ""
+
+    @property
+    def overlapped_tokens_per_s(self) -> float:
+        return self.plan["projection"]["overlapped"]["tokens_per_s_per_device"] if self.plan else 0.0
+
+    @property
+    def mfu(self) -> float:
+        return self.plan["summary"]["projected_mfu_overlapped"] if self.plan else 0.0
+
+    @property
+    def fits(self) -> bool:
+        """Estimated to fit on the target: the GPU-compiled peak where there is one, else the XLA:CPU peak
+        without the fp32 parameter copies only XLA:CPU makes (the estimate for a bf16 accelerator)."""
+        if not self.plan:
+            return False
+        mem = self.plan["memory"]
+        return mem.get("peak_gpu_compiled", mem["peak_without_cpu_copies"]) <= mem["usable"]
+
+
+REMAT_MEMORY = {"full": 0, "dots_no_batch": 1, "dots": 2, "none": 3}  # activations kept, fewest first
+
+
+def needs_more_memory(a: Layout, b: Layout) -> bool:
+    """Whether layout `a` needs at least the memory per device of `b`: the same mesh, no fewer sequences per
+    micro-batch, a remat policy that keeps at least as much, and no smaller expert capacity."""
+    return (
+        a.mesh == b.mesh
+        and a.sequences >= b.sequences
+        and REMAT_MEMORY[a.remat] >= REMAT_MEMORY[b.remat]
+        and a.capacity_factor >= b.capacity_factor
+    )
+
+
+def plan_key(cfg: ml_collections.ConfigDict, **settings: Any) -> str:
+    """A hash of everything that decides a plan: the config, the planner's settings and jax's version."""
+    text = json.dumps([cfg.to_dict(), settings, jax.__version__], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+class PlanCache:
+    """Plans as JSON files in `folder` (None: no cache), one per `plan_key`."""
+
+    def __init__(self, folder: str | None):
+        self.folder = folder
+        if folder:
+            os.makedirs(folder, exist_ok=True)
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.folder, f"{key}.json")
+
+    def get(self, key: str) -> dict | None:
+        if not self.folder or not os.path.exists(self._path(key)):
+            return None
+        with open(self._path(key), encoding="utf-8") as f:
+            return json.load(f)
+
+    def put(self, key: str, result: dict) -> None:
+        if self.folder:
+            tmp = self._path(key) + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(result, f, default=str)
+            os.replace(tmp, self._path(key))  # a search cut off mid-write leaves no half file
+
+
+def search(
+    candidates: list[Candidate],
+    plan_fn: Callable[[ml_collections.ConfigDict], dict],
+    *,
+    budget: int,
+    usable: float,
+    cache: PlanCache,
+    settings: dict,
+    slack: float = 1.5,
+    on_step: Callable[[Candidate], None] | None = None,
+) -> list[Candidate]:
+    """Plan the candidates in order of their estimate within `budget` compiles (module docstring, 2–4);
+    returns them all, planned ones first, best first. Cached plans cost no compile."""
+    for c in candidates:
+        if c.estimate["memory_floor"] > usable:
+            c.skipped = f"cannot fit: needs at least {c.estimate['memory_floor'] / 1e9:.0f} GB"
+    compiles, best = 0, math.inf  # best: the fastest planned overlapped step that fits, seconds
+    for c in sorted((c for c in candidates if not c.skipped), key=lambda c: c.estimate["step_s"]):
+        key = plan_key(c.config, **settings)
+        cached = cache.get(key)
+        if c.skipped:  # ruled out by a layout planned since the loop began
+            pass
+        elif c.estimate["floor_s"] >= best:
+            c.skipped = "cannot win: even with every collective hidden it is slower than the best planned"
+        elif cached is None and c.estimate["step_s"] > slack * best:
+            c.skipped = f"cannot win: estimated {c.estimate['step_s'] / best:.1f}× the best planned step"
+        elif cached is None and compiles >= budget:
+            c.skipped = "compile budget spent"
+        else:
+            if cached is None:
+                cached = plan_fn(c.config)
+                compiles += 1
+                cache.put(key, cached)
+            else:
+                c.cached = True
+            c.plan = cached
+            if c.fits:
+                best = min(best, cached["projection"]["overlapped"]["step_s"])
+            else:
+                for other in candidates:
+                    if not other.skipped and other.plan is None and needs_more_memory(other.layout, c.layout):
+                        other.skipped = f"cannot fit: needs at least the memory of {c.layout.name()}, which does not"
+        if on_step is not None:
+            on_step(c)
+    return sorted(candidates, key=lambda c: (c.plan is None, not c.fits, -c.overlapped_tokens_per_s))
