@@ -101,7 +101,7 @@ flags.DEFINE_bool(
     "search", False, "search the fastest layout for --nodes x --gpus_per_node devices (launch.plan_search)"
 )
 flags.DEFINE_integer("nodes", None, "--search: nodes of the cluster (devices = nodes x --gpus_per_node)")
-flags.DEFINE_integer("search_budget", 6, "--search: at most this many new compiles (cached plans are free)")
+flags.DEFINE_integer("search_budget", 24, "--search: at most this many new compiles (cached plans are free)")
 flags.DEFINE_string("search_cache", "plan_cache", "--search: folder of cached plans ('' = no cache)")
 flags.DEFINE_float("max_dropped", 0.01, "--search: expected fraction of routed tokens expert parallelism may drop")
 flags.DEFINE_float(

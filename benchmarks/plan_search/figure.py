@@ -1,6 +1,6 @@
 """Draw `search.png` from the layout searches in this folder (`launch.plan --search --out=<name>.json`): per
-search, the projected overlapped MFU of every planned layout, the paper's layout first, layouts that do not fit
-hatched.
+search, the projected overlapped MFU of the paper's layout, the 10 best planned layouts that fit and the 4 best
+that do not (hatched).
 
     python benchmarks/plan_search/figure.py benchmarks/plan_search/*.json --out=benchmarks/plan_search/search.png
 """
@@ -17,8 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def planned_rows(record: dict) -> list[tuple[str, float, bool]]:
-    """(label, overlapped MFU, fits) of the paper's layout and every planned layout, best first."""
+def planned_rows(record: dict, fitting: int = 10, not_fitting: int = 4) -> list[tuple[str, float, bool]]:
+    """(label, overlapped MFU, fits) of the paper's layout, then the best planned layouts that fit and not."""
     rows = []
     for i, row in enumerate([record["paper"], *record["ranked"]]):
         if "summary" not in row:
@@ -30,7 +30,8 @@ def planned_rows(record: dict) -> list[tuple[str, float, bool]]:
         label += " +ov" if lay["overlap_collectives"] else ""
         fits = row.get("fits", True)
         rows.append((label, 100 * row["summary"]["projected_mfu_overlapped"], fits))
-    return rows
+    fit = [r for r in rows[1:] if r[2]][:fitting]
+    return [rows[0], *fit, *[r for r in rows[1:] if not r[2]][:not_fitting]]
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("records", nargs="+")
     parser.add_argument("--out", default="search.png")
     args = parser.parse_args()
-    fig, axes = plt.subplots(len(args.records), 1, figsize=(9, 2.2 + 0.32 * 12 * len(args.records)), squeeze=False)
+    fig, axes = plt.subplots(len(args.records), 1, figsize=(9, 4.2 * len(args.records)), squeeze=False)
     for ax, path in zip(axes[:, 0], args.records):
         with open(path, encoding="utf-8") as f:
             rows = planned_rows(json.load(f))

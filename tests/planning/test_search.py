@@ -17,7 +17,7 @@ from tests.tools.helpers import random_batch, tiny_config
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning.layouts import Layout, enumerate_layouts
 from zaya_jax.planning.plan import plan
-from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, search
+from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, predicted_peak, search
 from zaya_jax.train.setup import prepare, prepare_abstract
 
 USABLE = 100.0
@@ -26,7 +26,7 @@ USABLE = 100.0
 def _candidate(i, est_step, floor, memory_floor=1.0, remat="dots", seqs=1, data=None) -> Candidate:
     """A stand-in layout (its own mesh unless `data` names another's) with the estimate the search reads."""
     layout = Layout(data or i + 1, 1, 1, microbatches=2 // seqs, sequences=seqs, remat=remat)
-    estimate = {"step_s": est_step, "floor_s": floor, "memory_floor": memory_floor}
+    estimate = {"step_s": est_step, "floor_s": floor, "memory_floor": memory_floor, "fixed_memory": 0.0}
     return Candidate(layout, ml_collections.ConfigDict({"id": i}), estimate)
 
 
@@ -46,10 +46,10 @@ def _fake_planner(steps: dict[int, float], peaks: dict[int, float]):
 
 def test_search_prunes_by_memory_bound_and_budget(tmp_path):
     steps = {0: 1.0, 1: 0.8, 2: 2.0, 3: 0.9, 4: 0.5}
-    plan_fn, calls = _fake_planner(steps, peaks={1: 150.0})  # layout 1 plans fastest but does not fit
+    plan_fn, calls = _fake_planner(steps, peaks={1: 160.0})  # layout 1 plans fastest; beyond 1.5 x usable
     cands = [
         _candidate(0, est_step=1.0, floor=0.5),
-        _candidate(1, est_step=0.7, floor=0.4),
+        _candidate(1, est_step=0.7, floor=0.4, remat="none"),
         _candidate(2, est_step=2.5, floor=1.2),  # its floor is above the best planned step: cannot win
         _candidate(3, est_step=0.95, floor=0.6),
         _candidate(4, est_step=0.3, floor=0.2, memory_floor=200.0),  # cannot fit: never compiled
@@ -70,11 +70,31 @@ def test_search_prunes_by_memory_bound_and_budget(tmp_path):
     assert not by_id[1].fits and by_id[3].fits
 
     # a second search with a larger budget reads the two plans from the cache and compiles only layout 0
-    cands2 = [_candidate(i, **kw) for i, kw in [(0, dict(est_step=1.0, floor=0.5)), (1, dict(est_step=0.7, floor=0.4)),
-                                                 (3, dict(est_step=0.95, floor=0.6))]]  # fmt: skip
+    cands2 = [
+        _candidate(0, est_step=1.0, floor=0.5),
+        _candidate(1, est_step=0.7, floor=0.4, remat="none"),
+        _candidate(3, est_step=0.95, floor=0.6),
+    ]
     ranked2 = search(cands2, plan_fn, budget=5, usable=USABLE, cache=cache, settings={})
     assert calls == [1, 3, 0]
     assert [c.config.id for c in ranked2] == [3, 0, 1] and ranked2[0].cached and not ranked2[1].cached
+
+
+def test_a_compiled_peak_bounds_the_peaks_of_fewer_tokens():
+    """Peak = fixed + activations ∝ tokens per device per micro-batch: through (0, fixed memory) and the
+    compiled point, on the same mesh or another with the same remat and expert axis."""
+    planned = Candidate(Layout(128, 8, 1, 1, 8, "none"), ml_collections.ConfigDict(), {"fixed_memory": 40e9})
+    planned.plan = {"memory": {"peak_without_cpu_copies": 500e9}}
+
+    def predicted(layout, fixed=40e9):
+        return predicted_peak(Candidate(layout, ml_collections.ConfigDict(), {"fixed_memory": fixed}), planned)
+
+    assert predicted(Layout(128, 8, 1, 4, 2, "none")) == pytest.approx(40e9 + 460e9 * 2 / 8)
+    assert predicted(Layout(64, 8, 2, 2, 4, "none"), fixed=50e9) == pytest.approx(50e9 + 460e9 * 2 / 8)  # context 2
+    assert predicted(Layout(128, 8, 1, 1, 8, "full")) is None  # another remat
+    assert predicted(Layout(1024, 1, 1, 4, 2, "none")) is None  # another expert axis
+    assert predicted(Layout(128, 8, 1, 1, 8, "none", capacity_factor=2.0)) is None
+    assert predicted(Layout(128, 8, 1, 1, 16, "none")) is None  # more tokens: no bound from below
 
 
 def _train(config, steps: int = 3):
