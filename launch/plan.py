@@ -102,7 +102,7 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_integer("nodes", None, "--search: nodes of the cluster (devices = nodes x --gpus_per_node)")
 flags.DEFINE_integer("search_budget", 24, "--search: at most this many new compiles (cached plans are free)")
-flags.DEFINE_string("search_cache", "plan_cache", "--search: folder of cached plans ('' = no cache)")
+flags.DEFINE_string("search_cache", "~/.cache/zaya_jax/plans", "--search: folder of cached plans ('' = no cache)")
 flags.DEFINE_float("max_dropped", 0.01, "--search: expected fraction of routed tokens expert parallelism may drop")
 flags.DEFINE_float(
     "expert_load_cv",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 
 import jax
@@ -222,7 +223,7 @@ def main(flags, reference, target, no_gpu_compile: str | None, cluster) -> None:
             gpus_per_node=flags.gpus_per_node,
             budget=flags.search_budget,
             usable=flags.usable_memory_fraction * get_hardware(flags.hardware).memory_bytes,
-            cache_dir=flags.search_cache or None,
+            cache_dir=os.path.expanduser(flags.search_cache) if flags.search_cache else None,
             settings={**settings, "fast_compile": flags.fast_compile},
             max_dropped=flags.max_dropped,
             load_cv=flags.expert_load_cv,

@@ -201,8 +201,11 @@ class PlanCache:
     def get(self, key: str) -> dict | None:
         if not self.folder or not os.path.exists(self._path(key)):
             return None
-        with open(self._path(key), encoding="utf-8") as f:
-            return json.load(f)
+        try:
+            with open(self._path(key), encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError):  # unreadable: planned again and rewritten
+            return None
 
     def put(self, key: str, result: dict) -> None:
         if self.folder:
