@@ -92,7 +92,7 @@ def progress_fields(row: dict[str, Any], tokens_per_s: float, balance: dict[str,
     if balance is not None:
         fields["worst CV"] = f"{balance['max_load_cv']:.2f}@L{balance['worst_layer']}"
         if balance["max_dropped"] > 0:
-            fields["dropped"] = f"{balance['max_dropped']:.1%}"
+            fields["dropped"] = f"{balance['max_dropped']:.2%}"  # 0.05% is not 0.0%
     return fields
 
 
