@@ -12,7 +12,6 @@ also compiled by the GPU compiler for --target, and their compiled peak decides 
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import time
@@ -22,7 +21,7 @@ import ml_collections
 
 from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning.layouts import SPREAD_PER_SEQUENCE, Layout, enumerate_layouts
-from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, plan_key, search
+from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, plan_key, rank, search
 from zaya_jax.train.setup import prepare_abstract
 
 GB = 1e9
@@ -78,23 +77,22 @@ def run_search(
         max_dropped=max_dropped,
     )
     cache = PlanCache(cache_dir)
-    paper = candidates_for(reference, [paper_layout(reference)], hardware, cluster)[0]
+    paper, *cands = candidates_for(reference, [paper_layout(reference), *layouts], hardware, cluster)
     paper.config = reference
     key = plan_key(reference, **settings)
-    paper.plan, paper.cached = cache.get(key), True
+    paper.plan = cache.get(key)
+    paper.cached = paper.plan is not None
     if paper.plan is None:
         print("planning the paper's layout first …", flush=True)
-        paper.plan, paper.cached = plan_fn(reference), False
+        paper.plan = plan_fn(reference)
         cache.put(key, paper.plan)
-    cands = candidates_for(reference, layouts, hardware, cluster)
     with tqdm(total=len(cands), desc="layouts", unit="layout", dynamic_ncols=True) as bar:
 
         def step(c: Candidate) -> None:
             bar.set_postfix_str(c.layout.name()[:60])
             bar.update(1)
 
-        ranked = search(cands, plan_fn, budget=budget, usable=usable, cache=PlanCache(cache_dir),
-                        settings=settings, on_step=step)  # fmt: skip
+        ranked = search(cands, plan_fn, budget=budget, usable=usable, cache=cache, settings=settings, on_step=step)
     if gpu_check is not None:  # the fastest that may fit, until gpu_top of them fit when compiled (2·gpu_top tries)
         fitting, tries = 0, 0
         for c in sorted((c for c in ranked if c.may_fit), key=lambda c: -c.overlapped_tokens_per_s):
@@ -102,7 +100,7 @@ def run_search(
                 break
             gpu_check(c)
             fitting, tries = fitting + c.fits, tries + 1
-        ranked.sort(key=lambda c: (c.plan is None, not c.fits, -c.overlapped_tokens_per_s))
+        ranked = rank(ranked)
     same = [c for c in ranked if c.plan is not None and plan_key(c.config, **settings) == key]
     if same:  # the paper's layout was also a candidate: one plan, with its GPU compile if it got one
         paper.plan = same[0].plan
@@ -165,8 +163,7 @@ def search_record(out: dict) -> dict:
         r = {"layout": c.layout.__dict__, "flags": c.layout.train_flags(), "estimate": c.estimate}
         if c.plan is None:
             return r | {"skipped": c.skipped}
-        mem = copy.deepcopy(c.plan["memory"])
-        return r | {"summary": c.plan["summary"], "memory": mem, "fits": c.fits, "cached": c.cached,
+        return r | {"summary": c.plan["summary"], "memory": c.plan["memory"], "fits": c.fits, "cached": c.cached,
                     "gpu_compiled": c.plan.get("gpu_compiled")}  # fmt: skip
 
     return json.loads(json.dumps(

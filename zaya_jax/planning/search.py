@@ -79,12 +79,12 @@ def fixed_memory(cfg: ml_collections.ConfigDict, params: Any, n: int) -> float:
     return local * 2 * b + total * 3 * projection.MASTER_BYTES / n
 
 
-def memory_floor(cfg: ml_collections.ConfigDict, params: Any, n: int) -> float:
-    """Bytes per device no layout of `cfg` can go below: `fixed_memory` and the fp32 residual stream of every
-    layer of one micro-batch (what even full remat keeps for the backward)."""
+def residual_stream_bytes(cfg: ml_collections.ConfigDict, n: int) -> float:
+    """The fp32 residual stream of every layer of one micro-batch per device: what even full remat keeps for
+    the backward (with `fixed_memory`, the floor no layout of `cfg` goes below)."""
     m, t = cfg.model, cfg.train
     tokens = t.global_batch_size // t.microbatches * t.seq_len / n
-    return fixed_memory(cfg, params, n) + m.num_layers * tokens * m.hidden_size * 4
+    return m.num_layers * tokens * m.hidden_size * 4
 
 
 def predicted_peak(c: "Candidate", planned: "Candidate") -> float | None:
@@ -115,6 +115,7 @@ def estimate(cfg: ml_collections.ConfigDict, params: Any, n: int, hardware: str,
     top = sum((times[k] for k in TOP_LEVEL), Stage()).seconds
     in_loops = sum((v for k, v in times.items() if k not in TOP_LEVEL), Stage()).seconds
     step = compute + memory + top + max(0.0, in_loops - compute)
+    fixed = fixed_memory(cfg, params, n)
     return {
         "compute_s": compute,
         "memory_s": memory,
@@ -122,8 +123,8 @@ def estimate(cfg: ml_collections.ConfigDict, params: Any, n: int, hardware: str,
         "step_s": step,
         "floor_s": compute + memory,
         "mfu": flops["model"] / n / (step * hw.peak_bf16_flops),
-        "memory_floor": memory_floor(cfg, params, n),
-        "fixed_memory": fixed_memory(cfg, params, n),
+        "memory_floor": fixed + residual_stream_bytes(cfg, n),
+        "fixed_memory": fixed,
     }
 
 
@@ -146,25 +147,32 @@ class Candidate:
     def mfu(self) -> float:
         return self.plan["summary"]["projected_mfu_overlapped"] if self.plan else 0.0
 
-    @property
-    def may_fit(self) -> bool:
-        """Planned, and not ruled out: its GPU-compiled peak fits, or without one its estimate is within
-        `ESTIMATE_SLACK` of the usable memory (the GPU compiler may need that much less)."""
+    def _peak_within(self, estimate_factor: float) -> bool:
+        """Planned, and its GPU-compiled peak fits the usable memory, or without one its estimate for a bf16
+        accelerator (the XLA:CPU peak less the fp32 parameter copies only XLA:CPU makes) fits
+        `estimate_factor` × the usable memory."""
         if not self.plan:
             return False
         mem = self.plan["memory"]
         if "peak_gpu_compiled" in mem:
             return mem["peak_gpu_compiled"] <= mem["usable"]
-        return mem["peak_without_cpu_copies"] <= ESTIMATE_SLACK * mem["usable"]
+        return mem["peak_without_cpu_copies"] <= estimate_factor * mem["usable"]
 
     @property
     def fits(self) -> bool:
-        """Estimated to fit on the target: the GPU-compiled peak where there is one, else the XLA:CPU peak
-        without the fp32 parameter copies only XLA:CPU makes (the estimate for a bf16 accelerator)."""
-        if not self.plan:
-            return False
-        mem = self.plan["memory"]
-        return mem.get("peak_gpu_compiled", mem["peak_without_cpu_copies"]) <= mem["usable"]
+        """Fits on the target: by the GPU-compiled peak where there is one, else by the estimate."""
+        return self._peak_within(1.0)
+
+    @property
+    def may_fit(self) -> bool:
+        """Not ruled out: the estimate is within `ESTIMATE_SLACK` of the usable memory (the GPU compiler may need
+        that much less), or the GPU-compiled peak fits."""
+        return self._peak_within(ESTIMATE_SLACK)
+
+
+def rank(candidates: list[Candidate]) -> list[Candidate]:
+    """Planned layouts first, those that fit before those that do not, each by overlapped tokens/s, best first."""
+    return sorted(candidates, key=lambda c: (c.plan is None, not c.fits, -c.overlapped_tokens_per_s))
 
 
 REMAT_MEMORY = {"full": 0, "dots_no_batch": 1, "dots": 2, "none": 3}  # activations kept, fewest first
@@ -234,8 +242,8 @@ def search(
     compiles, best = 0, math.inf  # best: the fastest planned overlapped step that fits, seconds
     for c in sorted((c for c in candidates if not c.skipped), key=lambda c: c.estimate["step_s"]):
         key = plan_key(c.config, **settings)
-        cached = cache.get(key)
-        if c.skipped:  # ruled out by a layout planned since the loop began
+        cached = None if c.skipped else cache.get(key)  # skipped: ruled out since the loop began
+        if c.skipped:
             pass
         elif c.estimate["floor_s"] >= best:
             c.skipped = "cannot win: even with every collective hidden it is slower than the best planned"
@@ -253,13 +261,18 @@ def search(
             c.plan = cached
             if c.fits:
                 best = min(best, cached["projection"]["overlapped"]["step_s"])
-            for other in candidates:
-                if other.skipped or other.plan is not None:
-                    continue
-                if not c.may_fit and needs_more_memory(other.layout, c.layout):
-                    other.skipped = f"cannot fit: needs at least the memory of {c.layout.name()}, which does not"
-                elif (peak := predicted_peak(other, c)) is not None and peak > ESTIMATE_SLACK * usable:
-                    other.skipped = f"cannot fit: at least {peak / 1e9:.0f} GB from the compiled {c.layout.name()}"
+            rule_out_by_memory(candidates, c, usable)
         if on_step is not None:
             on_step(c)
-    return sorted(candidates, key=lambda c: (c.plan is None, not c.fits, -c.overlapped_tokens_per_s))
+    return rank(candidates)
+
+
+def rule_out_by_memory(candidates: list[Candidate], planned: Candidate, usable: float) -> None:
+    """Skip the unplanned candidates whose memory `planned`'s compile puts out of reach (module docstring, 3)."""
+    for other in candidates:
+        if other.skipped or other.plan is not None:
+            continue
+        if not planned.may_fit and needs_more_memory(other.layout, planned.layout):
+            other.skipped = f"cannot fit: needs at least the memory of {planned.layout.name()}, which does not"
+        elif (peak := predicted_peak(other, planned)) is not None and peak > ESTIMATE_SLACK * usable:
+            other.skipped = f"cannot fit: at least {peak / 1e9:.0f} GB from the compiled {planned.layout.name()}"
