@@ -191,7 +191,7 @@ def balancing_config() -> ml_collections.ConfigDict:
             warm_start=True,  # step 0 sets β from the router's mean probabilities (train/balancing.py)
             kp=0.002,
             ki=0.002,
-            ki_max=0.1,
+            ki_max=0.3,
             ki_min=1e-4,  # the gain's floor: a slot whose error keeps flipping slows down to it (fresh routers)
             gain_up=1.2,
             gain_down=0.5,
