@@ -333,3 +333,40 @@ def test_checkpoints_saved_with_the_old_dispatch_names_still_load(old, kernel):
     config = config_from_meta({"config": {"model": saved}})
     assert (config.model.dispatch, config.model.kernels.grouped_gemm) == ("dropless", kernel)
     validate_model(config.model)
+
+
+def test_pallas_transpose_matches_swapaxes():
+    """`kernels.transpose.pallas_transpose` (the per-layer weight transpose of the tokamax path on GPUs) in Pallas's
+    interpreter: exactly `swapaxes(1, 2)`, bf16 in and out, over several 64 × 64 tiles per matrix."""
+    from zaya_jax.kernels.transpose import fits, pallas_transpose
+
+    w = np.random.default_rng(3).normal(size=(2, 128, 192)).astype(np.float32)
+    got = pallas_transpose(jnp.asarray(w, jnp.bfloat16), interpret=True)
+    assert got.dtype == jnp.bfloat16 and fits(w.shape) and not fits((2, 100, 64))
+    np.testing.assert_array_equal(
+        np.asarray(got, np.float32), np.asarray(jnp.asarray(w, jnp.bfloat16), np.float32).swapaxes(1, 2)
+    )
+
+
+def test_tokamax_wrapper_gradients_equal_ragged_dot():
+    """`grouped._weights_transposed_per_layer` (tokamax's ragged dot with the input gradient taken against a transposed
+    copy of the layer's weights) around `jax.lax.ragged_dot`: output and both gradients equal those of
+    `jax.lax.ragged_dot` itself (fp32, CPU: the transposed copy is `swapaxes`; bf16 results as the tokamax path)."""
+    from zaya_jax.kernels.grouped import _weights_transposed_per_layer
+
+    rng = np.random.default_rng(5)
+    lhs = jnp.asarray(rng.normal(size=(24, 16)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.normal(size=(3, 16, 8)), jnp.bfloat16)
+    sizes, cot = jnp.asarray([10, 0, 14], jnp.int32), jnp.asarray(rng.normal(size=(24, 8)), jnp.float32)
+
+    def loss(dot):
+        return lambda a, b: jnp.sum(dot(a, b, sizes, preferred_element_type=jnp.bfloat16).astype(jnp.float32) * cot)
+
+    wrapped = lambda a, b, s, preferred_element_type: _weights_transposed_per_layer(  # noqa: E731
+        jax.lax.ragged_dot, "cpu", a, b, s, preferred_element_type
+    )
+    got = jax.value_and_grad(loss(wrapped), argnums=(0, 1))(lhs, rhs)
+    ref = jax.value_and_grad(loss(jax.lax.ragged_dot), argnums=(0, 1))(lhs, rhs)
+    for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(ref), strict=True):
+        assert g.dtype == r.dtype
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(r, np.float32), rtol=1e-2, atol=1e-2)

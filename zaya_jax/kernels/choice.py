@@ -78,7 +78,7 @@ class Kernels:
     def grouped_swiglu(self, x: jax.Array, choice: jax.Array, gate: jax.Array, experts: ExpertWeights) -> jax.Array:
         """Dropless top-1 expert SwiGLU of one device's tokens: x [T, H] → g · expert(x) [T, H] fp32."""
         with jax.named_scope("experts"):  # names the expert GEMMs in compiled HLO (zaya_jax.planning.gpu_program)
-            return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts)
+            return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts, self.platform)
 
     @property
     def collectives_as_bits(self) -> bool:

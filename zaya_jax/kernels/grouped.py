@@ -17,17 +17,21 @@ Four implementations (`model.kernels.grouped_gemm`), all computing exactly the a
   transpose, and micro-batches still accumulate them in fp32.
 * `tokamax`: `tokamax.ragged_dot` (Pallas kernels; same API), when the `tokamax` package is installed (CUDA's
   `auto` with tokamax >= 0.0.17, `zaya_jax.kernels.choice`); results in the compute dtype like `ragged_dot_bf16`
-  (its Mosaic GPU backward needs the cotangent in the operands' dtype).
+  (its Mosaic GPU backward needs the cotangent in the operands' dtype). Its input gradient multiplies by a transposed
+  copy of the layer's weights made by `zaya_jax.kernels.transpose`, so XLA cannot turn tokamax's own transpose
+  into a transposed copy of the whole [L, E, ...] stack (docs/kernels.md).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from zaya_jax.kernels.grouped_loops import grouped_local
+from zaya_jax.kernels.transpose import transposed
 
 
 class ExpertWeights(NamedTuple):
@@ -45,17 +49,19 @@ class ExpertWeights(NamedTuple):
         return tuple(jax.lax.dynamic_index_in_dim(w, self.layer, 0, keepdims=False) for w in (self.w_in, self.w_out))
 
 
-def dropless_swiglu(kernel: str, x: jax.Array, choice: jax.Array, gate: jax.Array, experts: ExpertWeights):
+def dropless_swiglu(
+    kernel: str, x: jax.Array, choice: jax.Array, gate: jax.Array, experts: ExpertWeights, platform: str = "cpu"
+):
     """x [T, H] (compute dtype), choice [T] in [0, E] (E = skip), gate [T] → g · expert(x) [T, H] fp32, 0 for skip
     tokens. GEMM operands in x's dtype, fp32 accumulation; weight gradients come back in the weights' dtype."""
     if kernel == "loops":
         return grouped_local(x, choice, gate, *experts)
     w_in, w_out = experts.of_layer()
     result = x.dtype if kernel in ("ragged_dot_bf16", "tokamax") else jnp.float32
-    return _ragged_local(_ragged_dot_of(kernel), x, choice, gate, w_in, w_out, result)
+    return _ragged_local(_ragged_dot_of(kernel, platform), x, choice, gate, w_in, w_out, result)
 
 
-def _ragged_dot_of(kernel: str):
+def _ragged_dot_of(kernel: str, platform: str):
     if kernel in ("ragged_dot", "ragged_dot_bf16"):
         return jax.lax.ragged_dot
     if kernel == "tokamax":
@@ -66,8 +72,36 @@ def _ragged_dot_of(kernel: str):
                 "model.kernels.grouped_gemm=tokamax needs the tokamax package: pip install 'tokamax>=0.0.17' "
                 "(or choose model.kernels.grouped_gemm=ragged_dot)"
             ) from e
-        return tokamax.ragged_dot
+        return partial(_weights_transposed_per_layer, tokamax.ragged_dot, platform)
     raise ValueError(f"unknown grouped-GEMM kernel {kernel!r}")
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0, 1, 5))
+def _weights_transposed_per_layer(ragged_dot, platform, lhs, rhs, sizes, preferred_element_type):
+    """`ragged_dot(lhs [M, K], rhs [E, K, N], sizes)` whose input gradient multiplies by a transposed copy of this
+    layer's `rhs` made by `kernels.transpose` (tokamax's own transposes it with `mT`, and XLA turned that into a
+    transposed copy of the whole [L, E, K, N] stack: ZAYA1-base at data:8 on H100 peaked at 97 GB)."""
+    return ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred_element_type)
+
+
+def _transposed_fwd(ragged_dot, platform, lhs, rhs, sizes, preferred_element_type):
+    return _weights_transposed_per_layer(ragged_dot, platform, lhs, rhs, sizes, preferred_element_type), (
+        lhs,
+        rhs,
+        sizes,
+    )
+
+
+def _transposed_bwd(ragged_dot, platform, preferred_element_type, res, dy):
+    lhs, rhs, sizes = res
+    dy = dy.astype(lhs.dtype)  # tokamax's Mosaic GPU kernels take operands of one dtype
+    _, rhs_vjp = jax.vjp(lambda w: ragged_dot(lhs, w, sizes, preferred_element_type=lhs.dtype), rhs)
+    (d_rhs,) = rhs_vjp(dy)  # its input-gradient half is dead code
+    d_lhs = ragged_dot(dy, transposed(rhs, platform), sizes, preferred_element_type=lhs.dtype)
+    return d_lhs, d_rhs.astype(rhs.dtype), None
+
+
+_weights_transposed_per_layer.defvjp(_transposed_fwd, _transposed_bwd)
 
 
 def _ragged_local(ragged_dot, x, choice, gate, w_in, w_out, result) -> jax.Array:
