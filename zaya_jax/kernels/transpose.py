@@ -38,8 +38,18 @@ def pallas_transpose(w: jax.Array, interpret: bool = False) -> jax.Array:
     )(w)
 
 
+def default_device_is_gpu() -> bool:
+    """Whether jax's default device is a GPU: on a GPU host, and in a compile for a GPU target from any host
+    (`zaya_jax.planning.gpu_compile` traces under the target's device), as tokamax decides; not when a CPU host
+    lowers for a GPU platform without its description (`launch.gpu_check --lower`), where Triton cannot lower."""
+    device = jax.config.jax_default_device
+    platform = getattr(device, "platform", device) or jax.default_backend()
+    return platform in ("gpu", "cuda", "rocm")
+
+
 def transposed(w: jax.Array, platform: str) -> jax.Array:
-    """w [B, K, N] → [B, N, K]: the Pallas kernel on a GPU platform where it tiles the shape, else `swapaxes`."""
-    if platform in ("cuda", "rocm") and fits(w.shape):
+    """w [B, K, N] → [B, N, K]: the Pallas kernel for a GPU platform where it tiles the shape and can lower, else
+    `swapaxes` (the transpose XLA is free to fold into layouts)."""
+    if platform in ("cuda", "rocm") and fits(w.shape) and default_device_is_gpu():
         return pallas_transpose(w)
     return jnp.swapaxes(w, 1, 2)

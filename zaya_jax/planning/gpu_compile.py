@@ -65,7 +65,7 @@ class GpuCompileResult:
         return self.expert_flops_executed / self.expert_flops_routed if self.expert_flops_routed else 0.0
 
     def line(self) -> str:
-        """`compiled for h100: ok (peak 32.6 GB of 80.0 GB; expert FLOPs executed/routed 1.00 (tokamax); attention
+        """`compiled for h100: ok (peak 30.6 GB of 80.0 GB; expert FLOPs executed/routed 1.00 (tokamax); attention
         cudnn; S×S buffers 0; async collectives with GEMMs between 0/3; 48.4 s)`; in parentheses the grouped-GEMM
         kernel the model resolved to."""
         if not self.ok:
