@@ -418,7 +418,8 @@ def main(argv):
             from launch.plan_gpu import gpu_compiled
 
             try:
-                gpu_compiled(cfg, result, target, FLAGS.gpus_per_node)
+                runs = (config.model.dispatch, config.model.capacity_factor)  # what launch.train runs
+                gpu_compiled(cfg, result, target, FLAGS.gpus_per_node, runs)
             except ValueError as err:
                 cli.fail("plan", str(err))
         print(format_plan(result))

@@ -208,7 +208,10 @@ def main(flags, reference, target, no_gpu_compile: str | None, cluster) -> None:
     if target is not None and not no_gpu_compile:
         from launch.plan_gpu import gpu_compiled
 
-        gpu_check = lambda c: gpu_compiled(c.config, c.plan, target, flags.gpus_per_node)  # noqa: E731
+        def gpu_check(c):  # the dispatch the layout trains with (dropless without an expert axis), not the stand-in
+            runs = (c.layout.dispatch, c.layout.capacity_factor if c.layout.expert > 1 else 1.0)
+            gpu_compiled(c.config, c.plan, target, flags.gpus_per_node, runs)
+
     else:
         print(f"note: the winners are not GPU-compiled ({no_gpu_compile}); fits = the estimate for a bf16 accelerator")
     try:
