@@ -209,8 +209,7 @@ def main(flags, reference, target, no_gpu_compile: str | None, cluster) -> None:
         from launch.plan_gpu import gpu_compiled
 
         def gpu_check(c):  # the dispatch the layout trains with (dropless without an expert axis), not the stand-in
-            runs = (c.layout.dispatch, c.layout.capacity_factor if c.layout.expert > 1 else 1.0)
-            gpu_compiled(c.config, c.plan, target, flags.gpus_per_node, runs)
+            gpu_compiled(c.config, c.plan, target, flags.gpus_per_node, (c.layout.dispatch, c.layout.capacity_factor))
 
     else:
         print(f"note: the winners are not GPU-compiled ({no_gpu_compile}); fits = the estimate for a bf16 accelerator")

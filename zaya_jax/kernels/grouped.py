@@ -85,11 +85,8 @@ def _weights_transposed_per_layer(ragged_dot, platform, lhs, rhs, sizes, preferr
 
 
 def _transposed_fwd(ragged_dot, platform, lhs, rhs, sizes, preferred_element_type):
-    return _weights_transposed_per_layer(ragged_dot, platform, lhs, rhs, sizes, preferred_element_type), (
-        lhs,
-        rhs,
-        sizes,
-    )
+    out = ragged_dot(lhs, rhs, sizes, preferred_element_type=preferred_element_type)
+    return out, (lhs, rhs, sizes)
 
 
 def _transposed_bwd(ragged_dot, platform, preferred_element_type, res, dy):
