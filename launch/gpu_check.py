@@ -101,7 +101,7 @@ def _has_gpu() -> bool:
 
 def _compile_setup():
     """(config set up for the compile, nodes, gpus per node) from --config, --mesh, --nodes, --seq_len."""
-    from zaya_jax.config import ConfigError, load_config
+    from zaya_jax.config import ConfigError, load_config, validate
     from zaya_jax.parallel.mesh import AXES, parse_mesh_spec
     from zaya_jax.planning import gpu_target
     from zaya_jax.planning.abstract_step import planning_config
@@ -118,6 +118,7 @@ def _compile_setup():
             dispatch=None,
             num_devices=nodes * gpus,
         )
+        validate(cfg)  # what launch.train would refuse (e.g. overlap_collectives without remat=full) is refused here
     except ConfigError as err:
         cli.fail(PROG, str(err))
     return cfg, nodes, gpus

@@ -315,6 +315,18 @@ def test_tiny_zero1_expert_parallel_on_8_gpus(target, tmp_path):
 
 
 @pytest.mark.gpu_compile
+@pytest.mark.parametrize("target", ["h100", "mi300x"])
+def test_zero1_chunk_reduce_scatter_overlaps_the_backward(target, tmp_path):
+    """`train.overlap_collectives` on data:8 (the tiny model, remat=full: 2 chunks of 1 layer): chunk 1's gradient
+    reduce-scatter is async with the GEMMs of chunk 0's backward between its start and done, on both GPUs."""
+    _needs_extra(gpu_target.get_target(target).platform)
+    variant = "tiny,model.remat=full,train.overlap_collectives=True"
+    result = _compile(variant, {"data": 8}, target, tmp_path)
+    scatters = [c for c in result["program"]["collectives"] if c["kind"] == "reduce-scatter"]
+    assert len(scatters) >= 2 and max(c["gemms_between"] for c in scatters if not c["sync"]) >= 1, scatters
+
+
+@pytest.mark.gpu_compile
 @pytest.mark.parametrize("target, attention", [("h100", "cudnn"), ("mi300x", "pallas")])
 def test_tiny_bf16_on_one_gpu(target, attention, tmp_path):
     """The kernels `auto` picks for each GPU, as its compiler emits them: attention (cuDNN's fused kernel on H100,

@@ -51,12 +51,13 @@ def _mesh(config):
 
 
 def test_layer_chunks_pad_little():
-    """ZAYA1-base's 50 bins per layer: 2 chunks of 20 layers on 1024 devices (2048 rows either way) and on 96
-    (2 × 96 × 11 = 2112 rows vs 96 × 21 = 2016, +4.8%); on 8 devices 20 chunks of 2 layers (100 bins → 13 per
-    device, 2080 rows vs 2000)."""
-    assert overlap_chunks((50,), (1024,), 40) == 2
-    assert overlap_chunks((50,), (96,), 40) == 2
+    """ZAYA1-base's 50 bins per layer on 8 devices: 20 chunks of 2 layers (100 bins → 13 per device, 2080 rows
+    vs 2000). On 1024 and 96 devices only 2 chunks stay within the padding bound (2048 rows either way; 2 × 96 ×
+    11 = 2112 vs 96 × 21 = 2016, +4.8%), and 20 layers a chunk is over `OVERLAP_CHUNK_LAYERS`: no chunks."""
     assert overlap_chunks((50,), (8,), 40) == 20
+    assert overlap_chunks((50,), (1024,), 40) == 1
+    assert overlap_chunks((50,), (96,), 40) == 1
+    assert overlap_chunks((48,), (8,), 4) == 4  # one layer a chunk, no padding
     # a second group of 7 bins per layer on the same 96 devices: 2 chunks would need 2 × 96 × 2 = 384 rows
     # instead of 96 × 3 = 288, so no chunking (every group must stay within the bound)
     assert overlap_chunks((50, 7), (96, 96), 40) == 1
@@ -112,8 +113,9 @@ def test_gradients_equal_single_device_dense(data, expert, microbatches, overlap
     np.testing.assert_array_equal(counts, ref_counts)
 
 
-def _loop_collectives(config) -> dict[str, list[bool]]:
-    """Per collective kind of the compiled step on data:8: for each op, whether it sits in a while body."""
+def _loop_collectives(config) -> tuple[dict[str, list[bool]], int]:
+    """Per collective kind of the compiled step on data:8: for each op, whether it sits in a while body; and the
+    owner layouts' layer chunks C."""
     mesh = _mesh(config)
     training = prepare_abstract(config, mesh)
     with jax.set_mesh(mesh):
@@ -122,17 +124,24 @@ def _loop_collectives(config) -> dict[str, list[bool]]:
     out: dict[str, list[bool]] = {}
     for op, _ in stats.collective_ops:
         out.setdefault(op.kind, []).append(op.computation in stats.trip_counts)
-    return out
+    return out, max(g.slots.chunks for g in training.zero1.layout.groups)
 
 
-def test_reduce_scatter_runs_inside_the_backward_layer_loop():
-    """data:8, 4 micro-batches: with overlap every Muon matrix's reduce-scatter is issued inside a loop (the
-    last micro-batch's backward over layer chunks) and only the elementwise leaves' one runs at the top level;
-    without, every reduce-scatter runs at the top level."""
-    on = _loop_collectives(_config(8, 1, 4, True))
-    off = _loop_collectives(_config(8, 1, 4, False))
-    assert sorted(on["reduce-scatter"]) == [False, True]  # flat AdamW leaves at the top, slots in the loop
-    assert off["reduce-scatter"] == [False, False] or not any(off["reduce-scatter"])
+@pytest.mark.parametrize("layers", [4, 8])
+def test_reduce_scatter_runs_chunk_by_chunk_in_the_backward(layers):
+    """data:8, 4 micro-batches: without overlap the Muon matrices are reduce-scattered once, after the
+    backward; with it, once per layer chunk (C of them, none merged by XLA's combiner), chunk c + 1's issued in
+    the chunk loop's body beside chunk c's backward — the loop runs C − 1 times, so at C = 2 XLA inlines it (4
+    layers: 2 chunks of 2) and at C = 4 (8 layers) the scatters stay in a while body. The elementwise leaves'
+    reduce-scatter runs at the top level either way."""
+    on, chunks = _loop_collectives(_config(8, 1, 4, True, num_layers=layers))
+    off, one = _loop_collectives(_config(8, 1, 4, False, num_layers=layers))
+    assert one == 1 and chunks > 1
+    assert off["reduce-scatter"] == [False, False]  # the elementwise leaves' and the Muon matrices'
+    if chunks == 2:
+        assert on["reduce-scatter"] == [False] * 3
+    else:  # chunk 0's and the elementwise leaves' after the loop
+        assert sorted(on["reduce-scatter"]) == [False, False, True]
 
 
 def test_overlap_on_and_off_give_the_same_losses():

@@ -14,11 +14,14 @@ gradients; the stacked parameters themselves get no cotangent (the caller differ
 sinks and the non-layer parameters only).
 
 *Scattering* pass (`train.overlap_collectives`, the last micro-batch; the owner layouts have C > 1 layer
-chunks, `zaya_jax.train.zero1.owners`): the backward walks the chunks in reverse, and after each chunk's k layers
-have added their gradients into the sinks (the earlier micro-batches' sums folded in), reduce-scatters that
-chunk's rows in `train.grad_reduce_dtype` — inside the layer loop, where XLA's latency-hiding scheduler can
-run it alongside the next chunk's backward (Megatron's `overlap_grad_reduce`). The "gradient" of a second
-primal, `owned` (per group [s, S]), is then this device's reduce-scattered rows.
+chunks, `zaya_jax.train.zero1.owners`): the backward walks the chunks in reverse; once a chunk's k layers have
+added their gradients into the sinks (the earlier micro-batches' sums folded in), its rows are reduce-scattered
+in `train.grad_reduce_dtype` *while the next chunk's backward runs* — software-pipelined by one chunk, so the
+scatter is independent of the GEMMs beside it and XLA's latency-hiding scheduler can overlap them (Megatron's
+`overlap_grad_reduce`). A chunk's k layers (at most `owners.OVERLAP_CHUNK_LAYERS`) are unrolled in the
+chunk loop's body, where the scheduler sees their GEMMs. This device's summed rows of chunk c are written back
+over the first s_c of chunk c's own sink rows, which are dead by then (no second owner-sized buffer): `owned_rows`
+reads them out.
 """
 
 from __future__ import annotations
@@ -58,10 +61,11 @@ def zero_sinks(setup: Zero1Setup, shapes: dict[str, tuple[int, ...]]) -> Sinks:
     return Sinks(slots, small)
 
 
-def zero_owned(setup: Zero1Setup, dtype) -> tuple[jax.Array, ...]:
-    """Per group, this device's [s, S] owned rows in `dtype` (zeros): the primal the scattering pass
-    differentiates with respect to."""
-    return tuple(jnp.zeros((g.slots.slots, g.slots.bin_size), dtype) for g in setup.layout.groups)
+def owned_rows(group, slots: jax.Array) -> jax.Array:
+    """This device's reduce-scattered rows [C·s_c, S] (chunk-major) from the sinks' slots [C·n·s_c, S] after a
+    scattering pass: the first s_c rows of each chunk's n·s_c."""
+    s = group.slots
+    return slots.reshape(s.chunks, s.chunk_rows, -1)[:, : s.chunk_slots].reshape(s.slots, -1)
 
 
 def scatters(setup: Zero1Setup) -> bool:
@@ -93,16 +97,16 @@ def _add_layer(setup: Zero1Setup, sinks: Sinks, grads: dict[str, jax.Array], lay
     return Sinks(tuple(slots), tuple(small))
 
 
-def accumulating_layers(setup: Zero1Setup, sinks: Sinks, owned: tuple | None = None, reduce_dtype=None):
+def accumulating_layers(setup: Zero1Setup, sinks: Sinks, scatter_dtype=None):
     """A `LayerRunner` for `Zaya.hidden_states` that runs the stack like `scan_layers(remat="full")` and whose
     backward pass adds the parameter gradients into `sinks` (differentiate with respect to `sinks`) — and,
-    with `owned` (`zero_owned`), reduce-scatters the sinks chunk by chunk in `reduce_dtype` (differentiate
-    with respect to `owned` too: its gradient is this device's summed rows)."""
-    scatter = None if owned is None else jnp.dtype(reduce_dtype)
+    with `scatter_dtype`, reduce-scatters them chunk by chunk in that dtype (`owned_rows` of the sinks'
+    gradient is then this device's summed rows)."""
+    scatter = None if scatter_dtype is None else jnp.dtype(scatter_dtype)
 
     def run(graphdef, stacked, r, a, positions, layout, remat):
         layers_graph, params, rest = nnx.split(nnx.merge(graphdef, stacked), nnx.Param, BalancingBias)
-        return _stack(layers_graph, layout, setup, scatter, params, rest, sinks, owned or (), r, a, positions)
+        return _stack(layers_graph, layout, setup, scatter, params, rest, sinks, r, a, positions)
 
     return run
 
@@ -122,7 +126,7 @@ def _at(tree: Any, layer: jax.Array) -> Any:
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2, 3))
-def _stack(graphdef, layout, setup, scatter, params, rest, sinks, owned, r, a, positions):
+def _stack(graphdef, layout, setup, scatter, params, rest, sinks, r, a, positions):
     return _forward(graphdef, layout, params, rest, r, a, positions)[0]
 
 
@@ -137,13 +141,13 @@ def _forward(graphdef, layout, params, rest, r, a, positions):
     return (r, stats), inputs
 
 
-def _stack_fwd(graphdef, layout, setup, scatter, params, rest, sinks, owned, r, a, positions):
+def _stack_fwd(graphdef, layout, setup, scatter, params, rest, sinks, r, a, positions):
     out, inputs = _forward(graphdef, layout, params, rest, r, a, positions)
-    return out, (params, rest, sinks, owned, inputs, positions)
+    return out, (params, rest, sinks, inputs, positions)
 
 
 def _stack_bwd(graphdef, layout, setup, scatter, res, cotangents):
-    params, rest, sinks, owned, (r_in, a_in), positions = res
+    params, rest, sinks, (r_in, a_in), positions = res
     layer = _layer(graphdef, layout, positions)
     num_layers = r_in.shape[0]
 
@@ -159,35 +163,64 @@ def _stack_bwd(graphdef, layout, setup, scatter, res, cotangents):
     init = (cotangents[0], jnp.zeros_like(a_in[0]), sinks)
     if scatter is None:
         (dr, da, sinks), _ = jax.lax.scan(body, init, (jnp.arange(num_layers), r_in, a_in), reverse=True)
-        return None, None, sinks, None, dr, da, None
+        return None, None, sinks, dr, da, None
     chunks = max(g.slots.chunks for g in setup.layout.groups)
     k = num_layers // chunks
 
-    def chunk(carry, xs):
-        (dr, da, sinks), owned = carry
-        c, r, a = xs  # r, a: the chunk's k layer inputs
-        (dr, da, sinks), _ = jax.lax.scan(body, (dr, da, sinks), (c * k + jnp.arange(k), r, a), reverse=True)
-        return ((dr, da, sinks), _scatter_chunk(setup, sinks, owned, c, scatter)), None
+    def chunk_backward(carry, c):
+        # the chunk's k <= OVERLAP_CHUNK_LAYERS layers unrolled, so that their GEMMs sit in the chunk loop's own
+        # body beside the pending reduce-scatter, where the GPU schedule overlaps them (docs/parallelism.md)
+        layers = c * k + jnp.arange(k)
+        inputs = (jax.lax.dynamic_slice_in_dim(x, c * k, k) for x in (r_in, a_in))  # no copy of the stack
+        return jax.lax.scan(body, carry, (layers, *inputs), reverse=True, unroll=True)[0]
 
-    split = lambda x: x.reshape(chunks, k, *x.shape[1:])  # noqa: E731
-    ((dr, da, sinks), owned), _ = jax.lax.scan(
-        chunk, (init, owned), (jnp.arange(chunks), split(r_in), split(a_in)), reverse=True
-    )
-    return None, None, sinks, owned, dr, da, None
+    def chunk(carry, c):
+        grads, pending = carry
+        # chunk c + 1's rows were summed in the previous iteration: their reduce-scatter is independent of
+        # this chunk's backward, so the scheduler can run it under this chunk's GEMMs (software pipelining)
+        parts = _scatter(setup, pending)
+        dr, da, sinks = chunk_backward(grads, c)
+        # written back after the backward (whose sink updates then need not wait for the scatter); chunk c's
+        # rows are read after that write, so XLA cannot merge the two reduce-scatters into one
+        sinks = _write_owned(setup, sinks, parts, c + 1)
+        return ((dr, da, sinks), _chunk_rows(setup, sinks, c, scatter)), None
+
+    last = chunks - 1
+    dr, da, sinks = chunk_backward(init, last)
+    pending = _chunk_rows(setup, sinks, last, scatter)
+    ((dr, da, sinks), pending), _ = jax.lax.scan(chunk, ((dr, da, sinks), pending), jnp.arange(last), reverse=True)
+    return None, None, _write_owned(setup, sinks, _scatter(setup, pending), 0), dr, da, None
 
 
-def _scatter_chunk(setup: Zero1Setup, sinks: Sinks, owned: tuple, chunk: jax.Array, dtype) -> tuple:
-    """owned rows of layer chunk `chunk` ← the group-wide sums of the sinks' rows of that chunk (one
-    reduce-scatter per group, in `dtype`)."""
-    out = []
-    for group, buf, mine in zip(setup.layout.groups, sinks.slots, owned):
+def _chunk_rows(setup: Zero1Setup, sinks: Sinks, chunk: jax.Array, dtype) -> tuple:
+    """Per group, this device's (un-reduced) sink rows of layer chunk `chunk` in `dtype` ([n·s_c, S]), or None
+    for a group without Muon matrices."""
+    rows = []
+    for group, buf in zip(setup.layout.groups, sinks.slots):
         s = group.slots
-        if s.num_bins:
-            rows = jax.lax.dynamic_slice(buf, (chunk * s.chunk_rows, 0), (s.chunk_rows, s.bin_size)).astype(dtype)
-            part = jax.lax.psum_scatter(rows, group.axes, scatter_dimension=0, tiled=True)
-            mine = jax.lax.dynamic_update_slice(mine, part, (chunk * s.chunk_slots, 0))
-        out.append(mine)
-    return tuple(out)
+        at = (chunk * s.chunk_rows, 0)
+        rows.append(jax.lax.dynamic_slice(buf, at, (s.chunk_rows, s.bin_size)).astype(dtype) if s.num_bins else None)
+    return tuple(rows)
+
+
+def _scatter(setup: Zero1Setup, rows: tuple) -> tuple:
+    """Per group, the group-wide sums of `rows` (`_chunk_rows`) that this device owns ([s_c, S]; one
+    reduce-scatter per group)."""
+    return tuple(
+        None if part is None else jax.lax.psum_scatter(part, group.axes, scatter_dimension=0, tiled=True)
+        for group, part in zip(setup.layout.groups, rows)
+    )
+
+
+def _write_owned(setup: Zero1Setup, sinks: Sinks, parts: tuple, chunk) -> Sinks:
+    """sinks with `parts` (`_scatter`) over the first s_c rows of layer chunk `chunk`'s rows (`owned_rows`)."""
+    slots = tuple(
+        buf
+        if part is None
+        else jax.lax.dynamic_update_slice(buf, part.astype(buf.dtype), (chunk * g.slots.chunk_rows, 0))
+        for g, buf, part in zip(setup.layout.groups, sinks.slots, parts)
+    )
+    return Sinks(slots, sinks.small)
 
 
 _stack.defvjp(_stack_fwd, _stack_bwd)

@@ -34,6 +34,10 @@ import numpy as np
 
 EMPTY = -1  # slot type of a padding bin
 OVERLAP_PADDING = 0.05  # chunked slot rows may exceed the unchunked ones by this fraction (`overlap_chunks`)
+# the most layers in one chunk (`overlap_chunks`): the scattering pass unrolls a chunk's layers so that their
+# GEMMs sit beside the pending reduce-scatter; longer chunks would make the step's program long for little
+# (the one chunk that hides is 1/C of the rows)
+OVERLAP_CHUNK_LAYERS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,13 +220,16 @@ def describe(slots: SlotLayout, flat: FlatLayout, steps: int) -> dict:
 
 
 def overlap_chunks(bins_per_layer: tuple[int, ...], devices: tuple[int, ...], num_layers: int) -> int:
-    """The most layer chunks C (C divides L) for which every group's chunked slot rows C·n·ceil(k·B / n) stay
-    within `OVERLAP_PADDING` of its unchunked n·ceil(L·B / n); groups are given as (B, n) pairs. 1 when none."""
+    """The most layer chunks C (C divides L, at most `OVERLAP_CHUNK_LAYERS` layers each) for which every group's
+    chunked slot rows C·n·ceil(k·B / n) stay within `OVERLAP_PADDING` of its unchunked n·ceil(L·B / n); groups
+    are given as (B, n) pairs. 1 when none."""
 
     def rows(b: int, n: int, chunks: int) -> int:
         return chunks * n * -(-(num_layers // chunks) * b // n)
 
     for chunks in sorted((c for c in range(1, num_layers + 1) if num_layers % c == 0), reverse=True):
+        if num_layers // chunks > OVERLAP_CHUNK_LAYERS:
+            break
         if all(rows(b, n, chunks) <= (1 + OVERLAP_PADDING) * rows(b, n, 1) for b, n in zip(bins_per_layer, devices)):
             return chunks
     return 1

@@ -117,32 +117,28 @@ def _fused_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1S
     scattered = fused_backward.scatters(setup)
 
     def add_grads(scatter: bool):
-        def loss(other_params, sinks, owned, mb):
+        def loss(other_params, sinks, mb):
             params = nnx.State({**other_params, LAYERS: layer_params})
-            runner = fused_backward.accumulating_layers(setup, sinks, owned if scatter else None, reduce_dtype)
+            runner = fused_backward.accumulating_layers(setup, sinks, reduce_dtype if scatter else None)
             return micro_loss(graphdef, params, state.biases, mb, config, run_layers=runner)
 
-        grad_fn = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+        grad_fn = jax.grad(loss, argnums=(0, 1), has_aux=True)
 
         def add(acc, mb):
-            other_acc, sinks, owned = acc
-            (grads, sinks, scattered_rows), aux = grad_fn(other, sinks, owned if scatter else (), mb)
-            return (microbatch.add_fp32(other_acc, grads), sinks, scattered_rows if scatter else owned), aux
+            other_acc, sinks = acc
+            (grads, sinks), aux = grad_fn(other, sinks, mb)
+            return (microbatch.add_fp32(other_acc, grads), sinks), aux
 
         return add
 
     shapes = {f"{LAYERS}/{n}": x.shape for n, x in named_leaves(layer_params)}
-    zeros = (
-        microbatch.fp32_zeros(other),
-        fused_backward.zero_sinks(setup, shapes),
-        fused_backward.zero_owned(setup, reduce_dtype) if scattered else (),
-    )
+    zeros = (microbatch.fp32_zeros(other), fused_backward.zero_sinks(setup, shapes))
     last = add_grads(True) if scattered else None
-    (other_grads, sinks, owned), totals = microbatch.accumulate(add_grads(False), zeros, batch, config, last)
+    (other_grads, sinks), totals = microbatch.accumulate(add_grads(False), zeros, batch, config, last)
     leaves = dict(named_leaves(other_grads))
     packed = []
-    for k, (group, small) in enumerate(zip(setup.layout.groups, sinks.small)):
-        rows = owned[k] if scattered else sinks.slots[k]
+    for group, slots, small in zip(setup.layout.groups, sinks.slots, sinks.small):
+        rows = fused_backward.owned_rows(group, slots) if scattered and slots.size else slots
         packed.append((rows.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
     return packed, totals, scattered
 
