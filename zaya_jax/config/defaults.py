@@ -161,9 +161,10 @@ def train_config() -> ml_collections.ConfigDict:
             param_sharding="zero1",  # PARAM_SHARDINGS
             # dtype of the gradient reduce-scatter (ZeRO-1): "float32" (exact sums) or "bfloat16" (half the bytes)
             grad_reduce_dtype="float32",
-            # ZeRO-1 with remat=full: reduce-scatter the Muon matrices' gradients chunk by chunk of layers inside
-            # the last micro-batch's backward layer loop, where XLA can overlap them with compute; False = one
-            # reduce-scatter after the backward pass, less memory (docs/parallelism.md "Overlap" has the A/B)
+            # ZeRO-1 with remat=full: reduce-scatter the Muon matrices' gradients chunk by chunk of <= 4 layers
+            # inside the last micro-batch's backward, each beside the next chunk's GEMMs (no chunks where the
+            # padding would be large, e.g. ZAYA1-base on 96+ devices); False = one reduce-scatter after the
+            # backward pass, less memory (docs/parallelism.md "Overlap" has the GPU compiles and the A/B)
             overlap_collectives=False,
             loss_chunk=1024,  # sequence positions per cross-entropy chunk (tied head + log-softmax)
             log_every=10,
