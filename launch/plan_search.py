@@ -23,6 +23,7 @@ from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning.layouts import SPREAD_PER_SEQUENCE, Layout, enumerate_layouts
 from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, plan_key, rank, search
 from zaya_jax.train.setup import prepare_abstract
+from zaya_jax.train.zero1.layout import layer_chunks
 
 GB = 1e9
 
@@ -38,22 +39,32 @@ def paper_layout(cfg: ml_collections.ConfigDict) -> Layout:
     )  # fmt: skip
 
 
-def _params(cfg: ml_collections.ConfigDict, memo: dict):
-    """Abstract parameters with their shardings on the layout's mesh (one per mesh shape)."""
+def _training(cfg: ml_collections.ConfigDict, memo: dict):
+    """The abstract training setup on the layout's mesh (one per mesh shape): parameters with their shardings,
+    and the ZeRO-1 owner layouts."""
     shape = tuple(int(cfg.mesh[a]) for a in ("data", "context", "expert"))
     if shape not in memo:
         n = shape[0] * shape[1] * shape[2]
-        memo[shape] = prepare_abstract(cfg, make_mesh(cfg, jax.devices()[:n])).checkpoint_target.params
+        memo[shape] = prepare_abstract(cfg, make_mesh(cfg, jax.devices()[:n]))
     return memo[shape]
 
 
-def candidates_for(base, layouts: list[Layout], hardware: str, cluster) -> list[Candidate]:
-    memo: dict = {}
-    out = []
+def candidates_for(
+    base, layouts: list[Layout], hardware: str, cluster, memo: dict, prune: bool = True
+) -> tuple[list[Candidate], list[str]]:
+    """(a Candidate per layout, why layouts were left out): with `prune`, an `overlap_collectives` layout whose
+    owner layouts get no layer chunks on its mesh (`layer_chunks`) is left out, the same program as the layout
+    without it."""
+    out, left_out = [], []
     for layout in layouts:
         cfg = layout_config(base, layout)
-        out.append(Candidate(layout, cfg, estimate(cfg, _params(cfg, memo), layout.devices, hardware, cluster)))
-    return out
+        training = _training(cfg, memo)
+        if prune and layout.overlap_collectives and layer_chunks(cfg, list(training.zero1.layout.groups)) == 1:
+            left_out.append(f"{layout.name()}: no layer chunks on this mesh, the same program as without +overlap")
+            continue
+        estimated = estimate(cfg, training.checkpoint_target.params, layout.devices, hardware, cluster)
+        out.append(Candidate(layout, cfg, estimated))
+    return out, left_out
 
 
 def run_search(
@@ -77,7 +88,10 @@ def run_search(
         max_dropped=max_dropped,
     )
     cache = PlanCache(cache_dir)
-    paper, *cands = candidates_for(reference, [paper_layout(reference), *layouts], hardware, cluster)
+    memo: dict = {}
+    (paper,), _ = candidates_for(reference, [paper_layout(reference)], hardware, cluster, memo, prune=False)
+    cands, same = candidates_for(reference, layouts, hardware, cluster, memo)
+    left_out += same
     paper.config = reference
     key = plan_key(reference, **settings)
     paper.plan = cache.get(key)
