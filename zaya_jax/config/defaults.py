@@ -28,7 +28,7 @@ GEOMETRY_FIELDS = (
 )
 # MoE dispatch (how tokens reach their experts): "auto" resolves at trace time (model/moe.py) to one of the
 # concrete ones; "dropless" runs the grouped expert GEMMs of `model.kernels.grouped_gemm`
-DISPATCHES = ("auto", "dense", "dropless", "capacity", "ep")
+DISPATCHES = ("auto", "dense", "dropless", "capacity", "ep", "ep_ragged")
 CONCRETE_DISPATCHES = DISPATCHES[1:]
 # dispatch names before `model.kernels` (configs and checkpoints written until then): each is now `dropless` with
 # this grouped-GEMM kernel
@@ -92,7 +92,8 @@ def model_config() -> ml_collections.ConfigDict:
             dispatch="auto",  # DISPATCHES ("auto": see model/moe.py)
             # KERNEL_PLATFORMS, MATMUL_KERNELS, GROUPED_GEMM_KERNELS, ATTENTION_KERNELS ("auto": zaya_jax/kernels)
             kernels=dict(platform="auto", matmul="auto", grouped_gemm="auto", attention="auto"),
-            capacity_factor=2.0,  # capacity / EP dispatch: slots per expert = cf * tokens / experts
+            # capacity / ep: slots per expert = cf * tokens / experts; ep_ragged: receive rows per device = cf * tokens
+            capacity_factor=2.0,
             tie_word_embeddings=True,
             initializer_range=0.02,
             temp_init=1.0,  # key temperature init (§13.3 proposal; HF initialises 0)

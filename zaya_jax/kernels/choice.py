@@ -20,6 +20,7 @@ from packaging.version import Version
 
 from zaya_jax.kernels import attention as attention_kernels
 from zaya_jax.kernels import matmul as matmul_kernels
+from zaya_jax.kernels import ragged_exchange
 from zaya_jax.kernels.grouped import ExpertWeights, dropless_swiglu
 
 # platform → (matmul, grouped_gemm, attention) for "auto", and why:
@@ -79,6 +80,13 @@ class Kernels:
         """Dropless top-1 expert SwiGLU of one device's tokens: x [T, H] → g · expert(x) [T, H] fp32."""
         with jax.named_scope("experts"):  # names the expert GEMMs in compiled HLO (zaya_jax.planning.gpu_program)
             return dropless_swiglu(self.grouped_gemm, x, choice, gate, experts, self.platform)
+
+    def ragged_all_to_all(self, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis: str):
+        """`jax.lax.ragged_all_to_all` over mesh axis `axis` inside a manual `shard_map`: one ragged exchange on
+        GPUs, a padded dense `all_to_all` with the same result on XLA:CPU (`zaya_jax.kernels.ragged_exchange`)."""
+        return ragged_exchange.ragged_all_to_all(
+            self.platform, operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis
+        )
 
     @property
     def collectives_as_bits(self) -> bool:

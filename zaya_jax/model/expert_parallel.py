@@ -1,7 +1,9 @@
-"""Expert parallelism (EP) inside `jax.shard_map`: a fixed-capacity `all_to_all` dispatch.
+"""Expert parallelism (EP) inside `jax.shard_map`: two dispatches over the `expert` mesh axis.
 
 Tokens are sharded over every mesh axis (data, context, expert); routed experts are sharded over
-`expert` (E_l = E / n_ep local experts per device). Per device, with T_l local tokens:
+`expert` (E_l = E / n_ep local experts per device). Expert weights are never gathered: only tokens move.
+
+**`ep`: a fixed-capacity `all_to_all`.** Per device, with T_l local tokens:
 
 1. pack: each local expert token goes to slot (e*, pos) of a send buffer [n_ep, E_l·C, H], where
    C = ceil(cf · T_l / E) slots per (source device, expert) and pos is its rank among the local tokens
@@ -11,16 +13,35 @@ Tokens are sharded over every mesh axis (data, context, expert); routed experts 
 4. reverse `all_to_all`, unpack, scale by the gate g.
 
 Skip-slot tokens use no capacity. With C ≥ T_l (cf ≥ E) nothing is dropped and the result equals the
-dense reference. Expert weights are never gathered: only tokens move.
+dense reference. Every device computes and sends E·C = cf·T_l rows, however few tokens its experts got.
+
+**`ep_ragged`: a ragged all-to-all into one receive buffer per device** (dropless up to the buffer):
+
+1. sort the local tokens by expert; every device learns every device's per-expert counts (an `all_gather` of
+   [E] int32);
+2. one ragged all-to-all (`Kernels.ragged_all_to_all`) sends each peer exactly the rows of its experts into its
+   receive buffer of B = ceil(cf · T_l) rows (cf = `model.capacity_factor`, at most n_ep · T_l: cf ≥ n_ep
+   never drops). Rows that would land past B, the last in (source, expert) order, stay home: dropped and
+   counted, as in `ep`;
+3. the grouped expert GEMMs (`Kernels.grouped_swiglu`) over the received rows of the E_l local experts: only
+   the rows received run, not B;
+4. the reverse ragged all-to-all, unsort, scale by the gate.
+
+The buffer pools the load of a device's E_l experts from all n_ep sources, which spreads far less than one
+source's tokens per expert: the same drop rate needs a smaller cf than `ep` (`zaya_jax.planning.layouts`).
 """
 
 from __future__ import annotations
 
 from functools import partial
 
+import math
+
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from zaya_jax.kernels import ExpertWeights
 from zaya_jax.model.experts import DispatchResult, capacity, capacity_slots, gated, pack_slots, swiglu, unpack_slots
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES, active_mesh, in_manual_region
@@ -42,19 +63,77 @@ def ep_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor:
     return DispatchResult(gated(unpack_slots(ret, slots), choice, gate, num_experts), slots.dropped)
 
 
+def receive_rows(t_local: int, n_ep: int, capacity_factor: float) -> int:
+    """Rows of a device's `ep_ragged` receive buffer: ceil(cf · T_l), at least 1, at most n_ep · T_l (dropless)."""
+    return max(1, min(n_ep * t_local, math.ceil(capacity_factor * t_local)))
+
+
+def _exclusive_cumsum(x, axis: int):
+    return jnp.cumsum(x, axis=axis) - x
+
+
+def fit_receive_buffer(counts, rows: int):
+    """counts [source, dest, E_l] rows each source sends each destination per local expert → the rows that fit
+    each destination's buffer of `rows`, filled in (source, local expert) order. Same shape, int32."""
+    n, _, e_local = counts.shape
+    per_dest = counts.transpose(1, 0, 2).reshape(n, n * e_local)  # [dest, (source, expert)] in arrival order
+    start = _exclusive_cumsum(per_dest, axis=1)
+    kept = jnp.clip(rows - start, 0, per_dest)
+    return kept.reshape(n, n, e_local).transpose(1, 0, 2)
+
+
+def ep_ragged_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float, kernels):
+    """Per-device body of `ep_ragged` (module docstring). x: [T_l, H], choice/gate: [T_l], w_in: [E_l, H, 2I],
+    w_out: [E_l, I, H] → DispatchResult(g · expert(x) [T_l, H] fp32, this device's dropped count)."""
+    n_ep, me = jax.lax.axis_size("expert"), jax.lax.axis_index("expert")
+    e_local, (t_local, h) = w_in.shape[0], x.shape
+    rows = receive_rows(t_local, n_ep, capacity_factor)
+    order = jnp.argsort(choice, stable=True)  # by expert, skip tokens last (never sent)
+    counts = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
+    every = jax.lax.all_gather(counts, "expert").reshape(n_ep, n_ep, e_local)  # [source, dest, local expert]
+    kept = fit_receive_buffer(every, rows)
+    sizes, sent = every.sum(-1), kept.sum(-1)  # [source, dest]: routed, and kept in dest's buffer
+    starts = _exclusive_cumsum(sizes, axis=1)  # where each source's rows for dest begin in its sorted tokens
+    arrivals = _exclusive_cumsum(sent, axis=0)  # where they begin in dest's buffer
+    recv = kernels.ragged_all_to_all(
+        x[order], jnp.zeros((rows, h), x.dtype), starts[me], sent[me], arrivals[me], sent[:, me], "expert"
+    )
+    # each received row's local expert (E_l past the rows received: no expert, output 0)
+    ends = jnp.cumsum(kept[:, me, :].reshape(-1))  # [(source, expert)]
+    segment = jnp.searchsorted(ends, jnp.arange(rows), side="right")
+    local = jnp.where(segment < n_ep * e_local, segment % e_local, e_local).astype(jnp.int32)
+    ones = jnp.ones((rows,), jnp.float32)
+    y = kernels.grouped_swiglu(recv, local, ones, ExpertWeights(w_in, w_out)).astype(x.dtype)
+    ret = kernels.ragged_all_to_all(
+        y, jnp.zeros((t_local, h), x.dtype), arrivals[:, me], sent[:, me], starts[:, me], sent[me], "expert"
+    )
+    out = jnp.zeros_like(ret).at[order].set(ret)  # token order; dropped and skip tokens 0
+    return DispatchResult(gated(out, choice, gate, num_experts), jnp.sum(sizes[me] - sent[me]).astype(jnp.int32))
+
+
 def ep_dispatch(x, choice, gate, experts, cfg, kernels) -> DispatchResult:
-    """EP dispatch with the `Dispatch` signature of `zaya_jax.model.experts`. Inside a manual `shard_map` (the ZeRO-1
-    step) it is the per-device body (local tokens, local experts, local dropped count); otherwise it needs an
-    active mesh (`jax.set_mesh`) with axes data/context/expert and wraps the body in a `shard_map` (dropped
-    summed over all devices). x: [T, H] → DispatchResult(out [T, H] fp32, dropped [])."""
-    body = partial(ep_local, num_experts=cfg.num_experts, capacity_factor=cfg.capacity_factor, kernels=kernels)
+    """`ep` with the `Dispatch` signature of `zaya_jax.model.experts` (see `_over_expert_axis`)."""
+    return _over_expert_axis(ep_local, "ep", x, choice, gate, experts, cfg, kernels)
+
+
+def ep_ragged_dispatch(x, choice, gate, experts, cfg, kernels) -> DispatchResult:
+    """`ep_ragged` with the `Dispatch` signature of `zaya_jax.model.experts` (see `_over_expert_axis`)."""
+    return _over_expert_axis(ep_ragged_local, "ep_ragged", x, choice, gate, experts, cfg, kernels)
+
+
+def _over_expert_axis(local, name: str, x, choice, gate, experts, cfg, kernels) -> DispatchResult:
+    """Inside a manual `shard_map` (the ZeRO-1 step) the per-device body `local` (local tokens, local experts, local
+    dropped count); otherwise it needs an active mesh (`jax.set_mesh`) with axes data/context/expert and wraps
+    the body in a `shard_map` (dropped summed over all devices). x: [T, H] → DispatchResult(out [T, H] fp32,
+    dropped [])."""
+    body = partial(local, num_experts=cfg.num_experts, capacity_factor=cfg.capacity_factor, kernels=kernels)
     w_in, w_out = experts.of_layer()
     if in_manual_region():
         return body(x, choice, gate, w_in, w_out)
     mesh = active_mesh()
     if mesh is None:
         raise ValueError(
-            "model.dispatch='ep' needs an active device mesh with an 'expert' axis: build it with "
+            f"model.dispatch={name!r} needs an active device mesh with an 'expert' axis: build it with "
             "zaya_jax.parallel.mesh.make_mesh and run under `with jax.set_mesh(mesh):`"
         )
 

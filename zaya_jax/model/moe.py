@@ -11,6 +11,9 @@ for every dispatch.
 * `capacity`: gather into fixed-capacity buffers [E, C, H] + batched GEMM (drops overflow, counted).
 * `ep`: expert parallelism over the `expert` mesh axis with a fixed-capacity `all_to_all`
   (`zaya_jax.model.expert_parallel`; drops overflow, counted).
+* `ep_ragged`: expert parallelism with a ragged all-to-all into one receive buffer of cf · T_l rows per device
+  and the grouped expert GEMMs over the rows received (`zaya_jax.model.expert_parallel`; dropless for
+  cf ≥ the expert axis, else drops what overflows a device's buffer, counted).
 * `auto` (default): `ep` when the active mesh has an expert axis > 1, otherwise `dropless`.
 
 The dropless dispatches, those that never drop a token on any layout, are `config.defaults.DROPLESS_DISPATCHES`
@@ -32,7 +35,7 @@ from flax import nnx
 from zaya_jax.config import CONCRETE_DISPATCHES, choice_table
 from zaya_jax.kernels import ExpertWeights, Kernels
 from zaya_jax.model import layers
-from zaya_jax.model.expert_parallel import ep_dispatch
+from zaya_jax.model.expert_parallel import ep_dispatch, ep_ragged_dispatch
 from zaya_jax.model.experts import (
     Dispatch,
     DispatchResult,
@@ -109,6 +112,7 @@ DISPATCH_TABLE = choice_table(
         "dropless": dropless_dispatch,
         "capacity": capacity_dispatch,
         "ep": ep_dispatch,
+        "ep_ragged": ep_ragged_dispatch,
     },
 )
 
