@@ -61,9 +61,9 @@ def test_ep_ragged_keeps_what_fits_each_receive_buffer(capacity_factor):
     rows = receive_rows(T_LOCAL, EXPERT, capacity_factor)
     mesh = make_mesh(config, jax.devices()[: DATA * EXPERT])
     with jax.set_mesh(mesh):
-        out, dropped = jax.jit(
-            lambda *a: ep_ragged_dispatch(*a[:3], ExpertWeights(*a[3:]), m, resolve(m))
-        )(x, choice, gate, w_in, w_out)
+        out, dropped = jax.jit(lambda *a: ep_ragged_dispatch(*a[:3], ExpertWeights(*a[3:]), m, resolve(m)))(
+            x, choice, gate, w_in, w_out
+        )
     ref, ref_dropped = _numpy_ep_ragged(x, choice, gate, w_in, w_out, rows)
     assert int(dropped) == ref_dropped
     assert (ref_dropped > 0) == (capacity_factor < 2)  # device 0's load ≈ half of 4 × 16 tokens

@@ -33,9 +33,8 @@ source's tokens per expert: the same drop rate needs a smaller cf than `ep` (`za
 
 from __future__ import annotations
 
-from functools import partial
-
 import math
+from functools import partial
 
 import jax
 import jax.numpy as jnp
