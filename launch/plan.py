@@ -135,7 +135,12 @@ def format_plan(r: dict) -> str:
         f"setup: mesh {s['mesh']} ({s['devices']} devices), seq {s['seq_len']}, global batch {s['global_batch']} "
         f"({s['tokens_per_step']:,} tokens/step, {s['microbatches']} micro-batch), {s['num_layers']} layers, "
         f"remat={s['remat']}, params={s['param_sharding']} ({s['param_dtype']}, compute {s['dtype']}), "
-        f"dispatch={s['dispatch']} cf={s['capacity_factor']}",
+        f"dispatch={s['dispatch']} cf={s['capacity_factor']}"
+        + (
+            " (ep_ragged's upper bound: a full receive buffer on every device)"
+            if s.get("dispatch_planned_for") == "ep_ragged"
+            else ""
+        ),
         f"compile: lower {s['lower_s']:.1f} s, compile {s['compile_s']:.1f} s (fast={s['fast_compile']}), "
         f"HLO {s['hlo_instructions']:,} instructions, loop trip counts {s['loop_trip_counts']}",
         "",

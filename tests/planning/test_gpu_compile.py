@@ -173,6 +173,8 @@ def test_the_compile_line_names_the_grouped_gemm_of_a_dropless_step_only():
         assert gpu_compile._grouped_gemm(config) == ""  # `auto` with an expert axis: ep, capacity buffers
         config.mesh.expert, config.model.dispatch = 1, "capacity"
         assert gpu_compile._grouped_gemm(config) == ""
+        config.mesh.expert, config.model.dispatch = 4, "ep_ragged"  # grouped GEMMs over the rows received
+        assert gpu_compile._grouped_gemm(config) == "ragged_dot"
 
 
 def _gpu_check(*args, timeout=120):
@@ -312,6 +314,20 @@ def test_tiny_zero1_expert_parallel_on_8_gpus(target, tmp_path):
     kinds = {c["kind"] for c in result["program"]["collectives"]}
     assert {"reduce-scatter", "all-gather", "all-to-all"} <= kinds  # ZeRO-1 and the expert dispatch
     assert result["program"]["expert_gemms"] and result["expert_flops_executed"] > 0
+
+
+@pytest.mark.gpu_compile
+@pytest.mark.parametrize("target", ["h100", "mi300x"])
+def test_ep_ragged_exchanges_with_a_ragged_all_to_all(target, tmp_path):
+    """`ep_ragged` on data:2 × expert:4 (bf16): the GPU compiler emits ragged all-to-alls (there and back, forward
+    and backward), not XLA:CPU's padded stand-in, and grouped expert GEMMs over the rows received."""
+    _needs_extra(gpu_target.get_target(target).platform)
+    variant = "tiny,model.dtype=bfloat16,model.dispatch=ep_ragged,model.capacity_factor=1.5"
+    result = _compile(variant, {"data": 2, "expert": 4}, target, tmp_path)
+    kinds = [c["kind"] for c in result["program"]["collectives"]]
+    assert kinds.count("ragged-all-to-all") >= 4, kinds  # in the layer loops: (there, back) × (forward, backward)
+    assert "grouped GEMM call" in result["program"]["expert_gemms"] or _tokamax_for_gpu(), result["program"]
+    assert 1.0 <= result["expert_ratio"] <= 1.15
 
 
 @pytest.mark.gpu_compile

@@ -77,6 +77,19 @@ def planning_config(
     return cfg, notes
 
 
+def ep_ragged_upper_bound(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` with an `ep_ragged` dispatch planned as `ep` at the same capacity factor (a copy; other configs as
+    they are). XLA:CPU has no ragged all-to-all, and its stand-in exchanges every row padded (n_ep× the bytes);
+    `ep` at cf has every device compute and exchange a full receive buffer of cf × its tokens: the most
+    `ep_ragged`'s grouped GEMMs and ragged all-to-all do on any device, with the same buffer sizes."""
+    if config.model.dispatch != "ep_ragged":
+        return config
+    config = copy.deepcopy(config)
+    with config.unlocked():
+        config.model.dispatch = "ep"
+    return config
+
+
 def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
     shape = (config.train.global_batch_size, config.train.seq_len)
     spec = NamedSharding(mesh, sharding.batch_spec(2))

@@ -105,12 +105,13 @@ def routed_expert_flops(config: ml_collections.ConfigDict, num_devices: int) -> 
 
 
 def _grouped_gemm(cfg: ml_collections.ConfigDict) -> str:
-    """The grouped-GEMM kernel `cfg`'s step runs: the resolved one under the dropless dispatch (`auto` is dropless
-    without an expert axis > 1, `zaya_jax.model.moe.resolve_dispatch`), else "" (capacity buffers, batched GEMMs)."""
+    """The grouped-GEMM kernel `cfg`'s step runs: the resolved one under the dropless and ep_ragged dispatches (`auto`
+    is dropless without an expert axis > 1, `zaya_jax.model.moe.resolve_dispatch`), else "" (capacity buffers,
+    batched GEMMs)."""
     dispatch = cfg.model.dispatch
     if dispatch == "auto":
         dispatch = "ep" if int(cfg.mesh.expert) > 1 else "dropless"
-    return kernels.resolve(cfg.model).grouped_gemm if dispatch == "dropless" else ""
+    return kernels.resolve(cfg.model).grouped_gemm if dispatch in ("dropless", "ep_ragged") else ""
 
 
 def _expert_tag(op_name: str) -> str:

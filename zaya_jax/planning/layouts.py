@@ -4,19 +4,22 @@ config on `n` devices with the same global batch and the same math — data × e
 what the search knows before compiling it: the expert capacity it needs, a floor under its memory per device
 and an analytic estimate of its step time.
 
-**Expert capacity.** Under expert parallelism (`dispatch="ep"`) every device packs, per expert, at most
-C = ceil(cf · T / E) of its T routed tokens per micro-batch; the rest are dropped. How many overflow depends on
-how unevenly one device's tokens spread over the experts: the global imbalance the router biases leave (load
-CV g), the content of the device's few sequences, and sampling. The model here: one device's load of an expert
-is normal with mean T/E and relative spread σ = sqrt(g² + s² / k + (1 − 1/E) / (T/E)) — k sequences per device
-per micro-batch, each adding an independent content spread s — and the expected dropped fraction is
-σ · (φ(z) − z · (1 − Φ(z))) with z = (C·E/T − 1) / σ. g defaults to `LOAD_CV` = 0.3, the most a run the
-trainer calls balanced may have (`train.health`; set it from a run's `moe/max_load_cv`); s =
-`SPREAD_PER_SEQUENCE` = 0.45 fits the README's tiny example (one 128-token sequence per device, 16 experts,
-load CV 0.26, capacity factor 2: 1.35% and 1.82% dropped; the model gives 1.4%). Normal tails are thin, so
-the model errs low where drops are rare (the demo, 2 sequences of 256 tokens at capacity 3: up to 0.2%
-measured). The search picks, per layout, the smallest capacity factor of `CAPACITY_GRID` whose expected drop
-is at most `max_dropped`; data-only layouts train dropless (no capacity, nothing dropped).
+**Expert capacity.** Expert-parallel layouts run `ep_ragged` (`zaya_jax.model.expert_parallel`): each device
+receives its E_l = E / n_ep experts' tokens from the n_ep devices of its expert group into one buffer of
+B = ceil(cf · T) rows per micro-batch (T tokens per device); what would land past B is dropped. How many
+overflow depends on how unevenly the group's tokens spread over the experts: the global imbalance the router
+biases leave (load CV g), the content of the group's sequences, and sampling. The model here: one expert's
+load in the group is normal with mean n_ep·T/E and relative spread σ_e = sqrt(g² + s² / (n_ep·k) + (1 − 1/E) /
+(n_ep·T/E)) — k sequences per device per micro-batch, each adding an independent content spread s — and a
+device's load, the sum of E_l such experts taken as independent, has σ = σ_e / sqrt(E_l). The expected dropped
+fraction is σ · (φ(z) − z · (1 − Φ(z))) with z = (B/T − 1) / σ. g defaults to `LOAD_CV` = 0.3, the most a run
+the trainer calls balanced may have (`train.health`; set it from a run's `moe/max_load_cv`); s =
+`SPREAD_PER_SEQUENCE` = 0.45 fits the README's tiny example under the per-expert capacity of `ep` (one 128-token
+sequence per device, 16 experts, load CV 0.26, capacity factor 2: 1.35% and 1.82% dropped; `dropped_fraction`,
+the same model for one device's tokens per expert, gives 1.4%). Normal tails are thin, so the model errs low
+where drops are rare (the demo, 2 sequences of 256 tokens at capacity 3: up to 0.2% measured). The search
+picks, per layout, the smallest capacity factor of `CAPACITY_GRID` whose expected drop is at most
+`max_dropped`; data-only layouts train dropless (no capacity, nothing dropped).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import math
 
 import ml_collections
 
+from zaya_jax.model.expert_parallel import receive_rows
 from zaya_jax.model.experts import capacity
 from zaya_jax.train.health import BALANCED_CV
 
@@ -49,7 +53,7 @@ class Layout:
     sequences: int
     remat: str
     overlap_collectives: bool = False
-    capacity_factor: float = 1.0  # expert capacity (ep dispatch); 1.0 and unused on data-only meshes
+    capacity_factor: float = 1.0  # receive buffer (ep_ragged dispatch); 1.0 and unused on data-only meshes
     expected_dropped: float = 0.0  # expected fraction of routed tokens over capacity (module docstring)
 
     @property
@@ -66,8 +70,8 @@ class Layout:
 
     @property
     def dispatch(self) -> str:
-        """What the trainer runs: capacity-bounded all-to-all under an expert axis, else the dropless GEMMs."""
-        return "ep" if self.expert > 1 else "dropless"
+        """What the trainer runs: the ragged all-to-all under an expert axis, else the dropless GEMMs."""
+        return "ep_ragged" if self.expert > 1 else "dropless"
 
     def name(self) -> str:
         mesh = " × ".join(f"{a}:{s}" for a, s in self.mesh.items() if s > 1 or a == "data")
@@ -119,22 +123,42 @@ def dropped_fraction(
     cf: float, tokens: int, num_experts: int, sequences: int, spread: float = SPREAD_PER_SEQUENCE,
     load_cv: float = LOAD_CV,
 ) -> float:  # fmt: skip
-    """Expected fraction of one device's `tokens` routed tokens (of `sequences` sequences) over a capacity of
-    ceil(cf · tokens / E) per expert, under the normal load model of the module docstring."""
-    mean = tokens / num_experts
+    """Expected fraction of one device's `tokens` routed tokens (of `sequences` sequences) over `ep`'s capacity of
+    ceil(cf · tokens / E) per expert: the module docstring's model for one device's tokens per expert."""
     sigma = load_spread(tokens, num_experts, sequences, spread, load_cv)
-    z = (capacity(tokens, num_experts, cf) / mean - 1) / sigma
+    return _overflow(sigma, capacity(tokens, num_experts, cf) / (tokens / num_experts))
+
+
+def _overflow(sigma: float, buffer_over_mean: float) -> float:
+    """E[max(0, L − B)] / E[L] for a load L normal with mean 1 and relative spread σ, B = buffer_over_mean."""
+    z = (buffer_over_mean - 1) / sigma
     pdf = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
     tail = 0.5 * math.erfc(z / math.sqrt(2))
     return max(0.0, sigma * (pdf - z * tail))
 
 
+def receive_dropped_fraction(
+    cf: float, tokens: int, num_experts: int, expert_devices: int, sequences: int,
+    spread: float = SPREAD_PER_SEQUENCE, load_cv: float = LOAD_CV,
+) -> float:  # fmt: skip
+    """Expected fraction of routed tokens over `ep_ragged`'s receive buffers (module docstring): `tokens` per device
+    of `sequences` sequences, `expert_devices` devices in an expert group."""
+    group = tokens * expert_devices
+    if receive_rows(tokens, expert_devices, cf) >= group:  # a buffer that holds the whole group's tokens
+        return 0.0
+    sigma = load_spread(group, num_experts, sequences * expert_devices, spread, load_cv)
+    sigma /= math.sqrt(num_experts // expert_devices)
+    return _overflow(sigma, receive_rows(tokens, expert_devices, cf) / tokens)
+
+
 def pick_capacity(
-    tokens: int, num_experts: int, sequences: int, spread: float, load_cv: float, max_dropped: float
-) -> tuple[float, float] | None:
-    """(smallest capacity factor of CAPACITY_GRID whose expected drop ≤ max_dropped, that drop), else None."""
+    tokens: int, num_experts: int, expert_devices: int, sequences: int, spread: float, load_cv: float,
+    max_dropped: float,
+) -> tuple[float, float] | None:  # fmt: skip
+    """(smallest capacity factor of CAPACITY_GRID whose expected `ep_ragged` drop ≤ max_dropped, that drop), else
+    None."""
     for cf in CAPACITY_GRID:
-        dropped = dropped_fraction(cf, tokens, num_experts, sequences, spread, load_cv)
+        dropped = receive_dropped_fraction(cf, tokens, num_experts, expert_devices, sequences, spread, load_cv)
         if dropped <= max_dropped:
             return cf, dropped
     return None
@@ -174,7 +198,7 @@ def enumerate_layouts(
                 cf, dropped = 1.0, 0.0
                 if expert > 1:
                     tokens = sequences * seq // context
-                    picked = pick_capacity(tokens, m.num_experts, sequences, spread, load_cv, max_dropped)
+                    picked = pick_capacity(tokens, m.num_experts, expert, sequences, spread, load_cv, max_dropped)
                     if picked is None:
                         skipped.append(
                             f"data:{data} × expert:{expert}, {microbatches}×{sequences} seq: no capacity "

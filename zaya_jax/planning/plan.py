@@ -43,7 +43,7 @@ import ml_collections
 from zaya_jax.hardware import Hardware, get_hardware
 from zaya_jax.planning import cluster as cluster_lib
 from zaya_jax.planning import hlo_stats, hlo_text, overlap, projection
-from zaya_jax.planning.abstract_step import FAST_COMPILE, lower_train_step
+from zaya_jax.planning.abstract_step import FAST_COMPILE, ep_ragged_upper_bound, lower_train_step
 from zaya_jax.planning.flops import analytic_flops, effective_capacity_factor
 
 REMAT_AUTO_ORDER = ("none", "dots", "full")
@@ -152,6 +152,8 @@ def plan(
     (the five headline numbers), fits.
     """
     hw = get_hardware(hardware)
+    asked = config.model.dispatch
+    config = ep_ragged_upper_bound(config)
     t0 = time.perf_counter()
     lowered, mesh, training = lower_train_step(config, devices)
     abs_state, params = training.state, training.checkpoint_target.params  # run state; per-parameter shapes
@@ -219,6 +221,7 @@ def plan(
             "remat": config.model.remat,
             "param_sharding": t.param_sharding,
             "dispatch": config.model.dispatch,
+            "dispatch_planned_for": asked,
             "capacity_factor": config.model.capacity_factor,
             "num_layers": config.model.num_layers,
             "dtype": config.model.dtype,
