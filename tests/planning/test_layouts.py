@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tests.tools.helpers import tiny_config
-from zaya_jax.model.experts import capacity
 from zaya_jax.model.expert_parallel import receive_rows
+from zaya_jax.model.experts import capacity
 from zaya_jax.planning.layouts import (
     CAPACITY_GRID,
     Layout,
