@@ -71,7 +71,8 @@ flags.DEFINE_enum("param_sharding", None, list(PARAM_SHARDINGS), "default: the c
 flags.DEFINE_string(
     "dispatch",
     "auto",
-    "MoE dispatch for planning: auto (per-device 'ep'), config (keep), or dense | ragged | capacity | ep",
+    "MoE dispatch for planning: auto (per-device 'ep'), config (keep), or dense | dropless | capacity | ep | ep_ragged "
+    "(planned as ep at its capacity factor)",
 )
 flags.DEFINE_float(
     "capacity_factor",

@@ -130,6 +130,7 @@ def test_balance_warnings_name_layer_and_fix():
     assert out[:2] == [[], []] and len(out[2]) == 1
     assert out[2][0].startswith("layer 0: dropped fraction 0.2 > 0.05")
     assert "model.capacity_factor (now 2.0)" in out[2][0] and "model.dispatch=dropless" in out[2][0]
+    assert "model.dispatch=ep_ragged" in out[2][0]  # under `ep`: the dispatch whose buffers drop fewer
     assert monitor(patience=0).update(10, bad_cv) == []  # 0 = off
 
 

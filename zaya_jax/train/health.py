@@ -124,8 +124,13 @@ class BalanceMonitor:
                 "lower it instead if the loads oscillate between experts) or balancing.integral_clip "
                 "(a router that prefers one expert strongly needs a larger bias range)"
             )
+        ragged = (
+            "model.dispatch=ep_ragged, whose per-device receive buffer drops fewer at the same capacity factor, or "
+            if self.dispatch == "ep"
+            else ""
+        )
         return (
-            f"raise model.capacity_factor (now {self.capacity_factor}) or use a dispatch that drops nothing "
+            f"raise model.capacity_factor (now {self.capacity_factor}) or use {ragged}a dispatch that drops nothing "
             f"(model.dispatch=dropless; now {self.dispatch}; dropless: {', '.join(DROPLESS_DISPATCHES)}); "
             "dropped tokens skip the MoE block"
         )
