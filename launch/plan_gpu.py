@@ -61,8 +61,9 @@ def gpu_compiled(cfg, result: dict, target, per_node: int, runs: tuple[str, floa
 
 def planned_expert_factor(cfg) -> float:
     """Expert GEMM FLOPs the plan executed per routed token's: the capacity factor of a planned `ep` / `capacity`
-    dispatch (buffers of cf × tokens / E rows per expert), else 1."""
-    return float(cfg.model.capacity_factor) if cfg.model.dispatch in ("ep", "capacity") else 1.0
+    dispatch (buffers of cf × tokens / E rows per expert) or `ep_ragged` (which `plan` plans as `ep` at its cf),
+    else 1."""
+    return float(cfg.model.capacity_factor) if cfg.model.dispatch in ("ep", "ep_ragged", "capacity") else 1.0
 
 
 def with_compiled_experts(result: dict, compiled: dict, planned_factor: float) -> dict:

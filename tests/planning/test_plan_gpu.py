@@ -54,4 +54,5 @@ def test_planned_expert_factor():
 
     assert planned_expert_factor(cfg("ep", 1.75)) == 1.75
     assert planned_expert_factor(cfg("capacity", 2.0)) == 2.0
+    assert planned_expert_factor(cfg("ep_ragged", 1.5)) == 1.5  # planned as ep at its cf
     assert planned_expert_factor(cfg("dropless", 2.0)) == 1.0
