@@ -25,15 +25,15 @@ def _numpy_swiglu(x, w_in, w_out):
 
 
 def _numpy_ep_ragged(x, choice, gate, w_in, w_out, rows):
-    """Each data group's EP devices fill each destination's `rows`-row buffer in arrival order (source device,
-    then expert, then token); tokens past it output 0. → (out [T, H], dropped)."""
+    """Each data group's EP devices fill each destination's `rows`-row buffer in arrival order (source device from
+    the destination on, then expert, then token); tokens past it output 0. → (out [T, H], dropped)."""
     out, dropped = np.zeros_like(x), 0
     e_local = EXPERTS // EXPERT
     for d in range(DATA):
         blocks = [np.arange((d * EXPERT + s) * T_LOCAL, (d * EXPERT + s + 1) * T_LOCAL) for s in range(EXPERT)]
         for dest in range(EXPERT):
             filled = 0
-            for tokens in blocks:
+            for tokens in blocks[dest:] + blocks[:dest]:  # its own device's first, then the next in turn
                 for e in range(dest * e_local, (dest + 1) * e_local):
                     for t in tokens[choice[tokens] == e]:
                         if filled < rows:
@@ -52,8 +52,8 @@ def test_ep_ragged_keeps_what_fits_each_receive_buffer(capacity_factor):
     rng = np.random.default_rng(0)
     t = DATA * EXPERT * T_LOCAL
     x = rng.normal(size=(t, h)).astype(np.float32)
-    # skewed routing: experts 0 and 1 (device 0's) take half the tokens, so its buffer overflows below cf 2
-    probs = np.array([0.25, 0.25] + [0.06] * 6 + [0.14])
+    # skewed routing: experts 4 and 5 (device 2's) take half the tokens, so its buffer overflows below cf 2
+    probs = np.array([0.06] * 4 + [0.25, 0.25] + [0.06] * 2 + [0.14])
     choice = rng.choice(EXPERTS + 1, size=t, p=probs / probs.sum()).astype(np.int32)
     gate = rng.uniform(0.5, 1.5, size=t).astype(np.float32)
     w_in = (rng.normal(size=(EXPERTS, h, 2 * i)) / np.sqrt(h)).astype(np.float32)
@@ -66,7 +66,7 @@ def test_ep_ragged_keeps_what_fits_each_receive_buffer(capacity_factor):
         )
     ref, ref_dropped = _numpy_ep_ragged(x, choice, gate, w_in, w_out, rows)
     assert int(dropped) == ref_dropped
-    assert (ref_dropped > 0) == (capacity_factor < 2)  # device 0's load ≈ half of 4 × 16 tokens
+    assert (ref_dropped > 0) == (capacity_factor < 2)  # device 2's load ≈ half of 4 × 16 tokens
     np.testing.assert_allclose(np.asarray(out), ref, rtol=2e-5, atol=2e-5)
 
 

@@ -21,8 +21,9 @@ dense reference. Every device computes and sends E·C = cf·T_l rows, however fe
    [E] int32);
 2. one ragged all-to-all (`Kernels.ragged_all_to_all`) sends each peer exactly the rows of its experts into its
    receive buffer of B = ceil(cf · T_l) rows (cf = `model.capacity_factor`, at most n_ep · T_l: cf ≥ n_ep
-   never drops). Rows that would land past B, the last in (source, expert) order, stay home: dropped and
-   counted, as in `ep`;
+   never drops). Rows that would land past B stay home: dropped and counted, as in `ep`. A buffer fills with
+   its own device's rows first, then the next devices' in turn (`arrival_order`), each source's by local
+   expert, so which sources overflow a full buffer differs from device to device;
 3. the grouped expert GEMMs (`Kernels.grouped_swiglu`) over the received rows of the E_l local experts: only
    the rows received run, not B;
 4. the reverse ragged all-to-all, unsort, scale by the gate.
@@ -71,14 +72,25 @@ def _exclusive_cumsum(x, axis: int):
     return jnp.cumsum(x, axis=axis) - x
 
 
+def arrival_order(n: int):
+    """[dest, i] → the source whose rows come i-th into dest's buffer: dest's own first, then dest + 1, … (mod n),
+    so the sources whose rows overflow a full buffer differ from destination to destination. [n, n] int32."""
+    return (jnp.arange(n)[:, None] + jnp.arange(n)[None, :]) % n
+
+
 def fit_receive_buffer(counts, rows: int):
-    """counts [source, dest, E_l] rows each source sends each destination per local expert → the rows that fit
-    each destination's buffer of `rows`, filled in (source, local expert) order. Same shape, int32."""
+    """counts [source, dest, E_l] rows each source sends each destination per local expert → (the rows that fit
+    each destination's buffer of `rows`, where each (source, dest) chunk starts in dest's buffer), both
+    [source, dest, ...] int32. A buffer fills in `arrival_order`, each source's rows in local-expert order."""
     n, _, e_local = counts.shape
-    per_dest = counts.transpose(1, 0, 2).reshape(n, n * e_local)  # [dest, (source, expert)] in arrival order
-    start = _exclusive_cumsum(per_dest, axis=1)
-    kept = jnp.clip(rows - start, 0, per_dest)
-    return kept.reshape(n, n, e_local).transpose(1, 0, 2)
+    order = arrival_order(n)
+    dest = jnp.arange(n)[:, None]
+    arriving = counts[order, dest]  # [dest, i, E_l]: the i-th source's rows, in arrival order
+    start = _exclusive_cumsum(arriving.reshape(n, n * e_local), axis=1).reshape(n, n, e_local)
+    kept = jnp.clip(rows - start, 0, arriving)
+    offsets = _exclusive_cumsum(kept.sum(-1), axis=1)  # [dest, i]
+    back = jnp.zeros_like(order).at[dest, order].set(jnp.arange(n)[None, :])  # [dest, source] → i
+    return kept[dest, back].transpose(1, 0, 2), offsets[dest, back].T
 
 
 def ep_ragged_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_factor: float, kernels):
@@ -90,15 +102,14 @@ def ep_ragged_local(x, choice, gate, w_in, w_out, *, num_experts: int, capacity_
     order = jnp.argsort(choice, stable=True)  # by expert, skip tokens last (never sent)
     counts = jnp.bincount(choice, length=num_experts + 1)[:num_experts].astype(jnp.int32)
     every = jax.lax.all_gather(counts, "expert").reshape(n_ep, n_ep, e_local)  # [source, dest, local expert]
-    kept = fit_receive_buffer(every, rows)
+    kept, arrivals = fit_receive_buffer(every, rows)  # arrivals [source, dest]: where its rows begin in dest's
     sizes, sent = every.sum(-1), kept.sum(-1)  # [source, dest]: routed, and kept in dest's buffer
     starts = _exclusive_cumsum(sizes, axis=1)  # where each source's rows for dest begin in its sorted tokens
-    arrivals = _exclusive_cumsum(sent, axis=0)  # where they begin in dest's buffer
     recv = kernels.ragged_all_to_all(
         x[order], jnp.zeros((rows, h), x.dtype), starts[me], sent[me], arrivals[me], sent[:, me], "expert"
     )
     # each received row's local expert (E_l past the rows received: no expert, output 0)
-    ends = jnp.cumsum(kept[:, me, :].reshape(-1))  # [(source, expert)]
+    ends = jnp.cumsum(kept[arrival_order(n_ep)[me], me].reshape(-1))  # [(i-th source, expert)]
     segment = jnp.searchsorted(ends, jnp.arange(rows), side="right")
     local = jnp.where(segment < n_ep * e_local, segment % e_local, e_local).astype(jnp.int32)
     ones = jnp.ones((rows,), jnp.float32)
