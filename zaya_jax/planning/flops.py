@@ -23,7 +23,7 @@ def effective_capacity_factor(config: ml_collections.ConfigDict, num_devices: in
     tokens = t.global_batch_size // t.microbatches * t.seq_len
     if m.dispatch == "dense":  # (planned dropless runs `ep` at cf 1, see `abstract_step.planning_config`)
         return float(m.num_experts)
-    local = tokens // num_devices if m.dispatch in ("ep", "ep_ragged") else tokens
+    local = tokens // num_devices if m.dispatch == "ep" else tokens
     return m.num_experts * capacity(local, m.num_experts, m.capacity_factor) / local
 
 

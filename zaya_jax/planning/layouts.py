@@ -143,12 +143,11 @@ def receive_dropped_fraction(
 ) -> float:  # fmt: skip
     """Expected fraction of routed tokens over `ep_ragged`'s receive buffers (module docstring): `tokens` per device
     of `sequences` sequences, `expert_devices` devices in an expert group."""
-    group = tokens * expert_devices
-    if receive_rows(tokens, expert_devices, cf) >= group:  # a buffer that holds the whole group's tokens
+    group, rows = tokens * expert_devices, receive_rows(tokens, expert_devices, cf)
+    if rows >= group:  # a buffer that holds the whole group's tokens
         return 0.0
     sigma = load_spread(group, num_experts, sequences * expert_devices, spread, load_cv)
-    sigma /= math.sqrt(num_experts // expert_devices)
-    return _overflow(sigma, receive_rows(tokens, expert_devices, cf) / tokens)
+    return _overflow(sigma / math.sqrt(num_experts // expert_devices), rows / tokens)
 
 
 def pick_capacity(
