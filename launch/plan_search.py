@@ -23,7 +23,6 @@ from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning.layouts import SPREAD_PER_SEQUENCE, Layout, enumerate_layouts
 from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, plan_key, rank, search
 from zaya_jax.train.setup import prepare_abstract
-from zaya_jax.train.zero1.layout import layer_chunks
 
 GB = 1e9
 
@@ -53,13 +52,14 @@ def candidates_for(
     base, layouts: list[Layout], hardware: str, cluster, memo: dict, prune: bool = True
 ) -> tuple[list[Candidate], list[str]]:
     """(a Candidate per layout, why layouts were left out): with `prune`, an `overlap_collectives` layout whose
-    owner layouts get no layer chunks on its mesh (`layer_chunks`) is left out, the same program as the layout
+    owner layouts get no layer chunks to reduce-scatter in the backward pass on its mesh
+    (`zero1.layout.layer_chunks`) is left out, the same program as the layout
     without it."""
     out, left_out = [], []
     for layout in layouts:
         cfg = layout_config(base, layout)
         training = _training(cfg, memo)
-        if prune and layout.overlap_collectives and layer_chunks(cfg, list(training.zero1.layout.groups)) == 1:
+        if prune and layout.overlap_collectives and not training.zero1.layout.scatter_in_backward:
             left_out.append(f"{layout.name()}: no layer chunks on this mesh, the same program as without +overlap")
             continue
         estimated = estimate(cfg, training.checkpoint_target.params, layout.devices, hardware, cluster)

@@ -1,5 +1,5 @@
 """The planner's overlap rule (`zaya_jax.planning.overlap`) on known programs: a collective inside a loop body hides
-under at most that body's dot FLOPs, one at the top level hides nothing."""
+under at most that body's dot FLOPs; one at the top level under the compute it neither feeds nor waits for."""
 
 from __future__ import annotations
 
@@ -75,3 +75,34 @@ def test_a_nested_loop_is_no_cover():
     assert stats.dot_flops == 6 * 2 * M * K * K  # every matmul still counts in the step's compute
     (row,) = [r for r in overlap.bodies(stats, Cluster(), 1e9) if "reduce-scatter" in r.kinds]
     assert row.loop and row.trips == 3 and row.compute_s == 0.0 and row.hidden_s == 0.0
+
+
+def _pipelined_program(gs):
+    """Per device, the shape of the pipelined ZeRO-1 update: per chunk a loop of [K, K] @ [K, K] matmuls over
+    the chunk's 2 rows (Newton–Schulz) and then an all-gather of its result; the chunks are independent."""
+    out = []
+    for g in gs:
+        m = jax.lax.scan(lambda _, x: (None, jnp.tanh(x @ x)), None, g)[1]
+        out.append(jax.lax.all_gather(m, "d", tiled=True))
+    return out
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_top_level_collectives_hide_under_independent_loops(chunks):
+    """Chunk c's all-gather hides under the other chunks' loops, not its own (it waits for it): the smallest of
+    them stays exposed. One chunk: its all-gather waits for the only loop and hides nothing."""
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    fn = jax.jit(jax.shard_map(_pipelined_program, mesh=mesh, in_specs=(P(),), out_specs=P(), check_vma=False))
+    gs = [jax.ShapeDtypeStruct((2, K, K), jnp.float32)] * chunks
+    stats = hlo_stats.analyze(fn.lower(gs).compile().as_text(), 8)
+    (row,) = overlap.bodies(stats, Cluster(), 1e9)
+    assert not row.loop and row.kinds == ("all-gather",)
+    gathers = [op for op, _ in stats.collective_ops]
+    assert len(gathers) == chunks and all(stats.top_waits[op.name] or chunks == 1 for op in gathers)
+    loop_s = 2 * (2 * K * K * K) / 1e9  # one chunk's loop: 2 matmuls, by hand
+    each = Cluster().collective(gathers[0]).seconds
+    if chunks == 1:
+        assert row.hidden_s == 0.0 and row.cover_s == 0.0
+    else:
+        assert row.cover_s == pytest.approx(chunks * loop_s)
+        assert row.hidden_s == pytest.approx(min((chunks - 1) * each, chunks * loop_s))

@@ -130,10 +130,13 @@ def _train(config, steps: int = 2):
     return losses, jax.device_get(training.to_checkpoint(state))
 
 
-@pytest.mark.parametrize("data,expert", [(3, 1)])  # uneven owners; the 2 × 4 gradients are checked above
-def test_zero1_updates_equal_single_device_optimizer(data, expert):
-    """Two steps of distributed Muon + AdamW (owner slots, flat shards, clipping over all devices) equal the
-    per-parameter optax optimizer on one device: same losses, same parameters and optimizer state."""
+# uneven owners (3 devices), and the pipelined update's 2 layer chunks (4 devices); the 2 × 4 gradients are
+# checked above
+@pytest.mark.parametrize("data,expert,chunks", [(3, 1, 1), (4, 1, 2)])
+def test_zero1_updates_equal_single_device_optimizer(data, expert, chunks):
+    """Two steps of distributed Muon + AdamW (owner slots, flat shards, clipping over all devices; per layer
+    chunk Newton–Schulz and all-gather) equal the per-parameter optax optimizer on one device: same losses,
+    same parameters and optimizer state."""
 
     def config_for(d, e, sharding):
         config = _config(d, e)
@@ -142,7 +145,11 @@ def test_zero1_updates_equal_single_device_optimizer(data, expert):
         config.train.global_batch_size = 6 if data % 3 == 0 else 8
         return config
 
-    losses, state = _train(config_for(data, expert, "zero1"))
+    config = config_for(data, expert, "zero1")
+    mesh = AbstractMesh((data, 1, expert), AXES)
+    (group,) = zero1.build_layout(config, mesh, split_model(abstract_model(config.model))[1]).groups
+    assert group.slots.chunks == chunks
+    losses, state = _train(config)
     ref_losses, ref_state = _train(config_for(1, 1, "replicated"))
     np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
     # gradients agree to ~1e-6 (test above); AdamW divides by sqrt(v) + eps per element, which turns that into
@@ -216,7 +223,7 @@ def _reachable(comps, start: str) -> set[str]:
             continue
         seen.add(name)
         for instr in comps[name]:
-            todo += [c for c, _ in hlo_stats._callees(instr, comps)]
+            todo += [c for c, _ in hlo_stats.callees(instr, comps)]
     return seen
 
 

@@ -24,20 +24,22 @@ from zaya_jax.planning.abstract_step import abstract_batch
 from zaya_jax.train.setup import prepare, prepare_abstract
 from zaya_jax.train.state import split_model
 from zaya_jax.train.zero1 import layout as zero1
-from zaya_jax.train.zero1.owners import SlotLayout, overlap_chunks
+from zaya_jax.train.zero1.owners import SlotLayout, overlap_chunks, update_chunks
 from zaya_jax.train.zero1.step import make_zero1_grads
 
 MODEL = dict(num_layers=4, num_experts=16, capacity_factor=16.0, remat="full")  # layer chunks on every mesh
 MESHES = [(1, 1), (8, 1), (4, 2), (2, 4), (3, 1), (6, 1)]
 FULL = [(d, e, mb, ov) for (d, e), mb, ov in itertools.product(MESHES, (1, 4), (True, False))]
-SUBSET = [(8, 1, 4, True), (4, 2, 1, True), (3, 1, 4, True)]  # + 2 × 4 with 4 micro-batches in the losses test
+# + 2 × 4 with 4 micro-batches in the losses test; the last: the pipelined update's chunks, scattered after
+SUBSET = [(8, 1, 4, True), (4, 2, 1, True), (3, 1, 4, True), (4, 2, 4, False)]
 
 
-def _config(data: int, expert: int, microbatches: int = 1, overlap: bool = True, **model):
+def _config(data: int, expert: int, microbatches: int = 1, overlap: bool = True, pipeline: bool = True, **model):
     config = tiny_config(**{**MODEL, **model})
     config.mesh.data, config.mesh.expert = data, expert
     config.train.seq_len = 32
     config.train.overlap_collectives, config.train.microbatches = overlap, microbatches
+    config.train.pipeline_update = pipeline
     config.train.global_batch_size = microbatches * data * expert * (1 if (data * expert) % 3 else 2)
     return config
 
@@ -68,6 +70,17 @@ def test_layer_chunks_pad_little():
     assert types.shape == (96, 22) and (types[95] == -1).all() and (types[0] == 0).all()
 
 
+def test_update_chunks_pad_nothing_and_leave_newton_schulz_to_hide_under():
+    """The pipelined update's chunks (`owners.update_chunks`) for ZAYA1-base's 40 layers × 50 bins: on 8 devices
+    5 chunks of 8 layers (400 bins → 50 a device, 2000 rows as unchunked; 8 chunks would pad to 2048); on 128,
+    4 (4 slots a chunk; 8 chunks would have 2); on 96 any chunking pads (2016 rows unchunked, 2112 for 2); on
+    1024 each device owns 1 bin a chunk, too little Newton–Schulz to hide anything under; one device has no
+    all-gather. A second group counts in the slots a chunk and in the padding."""
+    assert [update_chunks((50,), (n,), 40) for n in (8, 128, 96, 1024, 1)] == [5, 4, 1, 1, 1]
+    assert update_chunks((50, 4), (8, 8), 40) == 5  # 4 bins a layer pad nothing at 5 chunks either (20 a chunk)
+    assert update_chunks((50, 4), (8, 6), 40) == 1  # over 6 devices every chunking pads: 162 rows, 168 for 2
+
+
 def test_chunked_owner_order_round_trips():
     """Checkpoint conversion with layer chunks (6 devices): packing every leaf into the owners' order and back
     gives the leaves again, and device d's rows are its s_c rows of each chunk."""
@@ -95,13 +108,13 @@ def test_chunked_owner_order_round_trips():
     "data,expert,microbatches,overlap", FULL if os.environ.get("ZAYA_ZERO1_FULL_MATRIX") == "1" else SUBSET
 )
 def test_gradients_equal_single_device_dense(data, expert, microbatches, overlap):
-    """remat=full with and without the in-loop reduce-scatter, 1 and 4 micro-batches: the mean gradients one
-    device's dense step computes on the whole batch."""
+    """remat=full with the in-loop reduce-scatter or the pipelined one after the backward, 1 and 4
+    micro-batches: the mean gradients one device's dense step computes on the whole batch."""
     config = _config(data, expert, microbatches, overlap)
     mesh = _mesh(config)
     training = prepare(config, mesh)
-    chunks = {g.slots.chunks for g in training.zero1.layout.groups if g.slots.num_bins}
-    assert min(chunks) > 1 if overlap else chunks == {1}
+    assert training.zero1.layout.scatter_in_backward == overlap
+    assert max(g.slots.chunks for g in training.zero1.layout.groups) > 1  # chunked either way
     loss, grads, counts, _ = jax.device_get(
         make_zero1_grads(training.graphdef, training.zero1, config, mesh)(training.state, _batch(config))
     )
@@ -133,15 +146,26 @@ def test_reduce_scatter_runs_chunk_by_chunk_in_the_backward(layers):
     backward; with it, once per layer chunk (C of them, none merged by XLA's combiner), chunk c + 1's issued in
     the chunk loop's body beside chunk c's backward — the loop runs C − 1 times, so at C = 2 XLA inlines it (4
     layers: 2 chunks of 2) and at C = 4 (8 layers) the scatters stay in a while body. The elementwise leaves'
-    reduce-scatter runs at the top level either way."""
+    reduce-scatter runs at the top level either way (`train.pipeline_update` off for the one-scatter form)."""
     on, chunks = _loop_collectives(_config(8, 1, 4, True, num_layers=layers))
-    off, one = _loop_collectives(_config(8, 1, 4, False, num_layers=layers))
+    off, one = _loop_collectives(_config(8, 1, 4, False, False, num_layers=layers))
     assert one == 1 and chunks > 1
     assert off["reduce-scatter"] == [False, False]  # the elementwise leaves' and the Muon matrices'
     if chunks == 2:
         assert on["reduce-scatter"] == [False] * 3
     else:  # chunk 0's and the elementwise leaves' after the loop
         assert sorted(on["reduce-scatter"]) == [False, False, True]
+
+
+def test_pipelined_update_gathers_chunk_by_chunk():
+    """data:8, 8 layers, overlap off: the pipelined update reduce-scatters and all-gathers the Muon slots once per
+    layer chunk (C = 4 here; none merged), all at the top level after the backward, plus one of each for the
+    elementwise leaves; without `train.pipeline_update`, one of each."""
+    on, chunks = _loop_collectives(_config(8, 1, 4, False, True, num_layers=8))
+    off, one = _loop_collectives(_config(8, 1, 4, False, False, num_layers=8))
+    assert (chunks, one) == (4, 1)
+    assert on["reduce-scatter"] == on["all-gather"] == [False] * (chunks + 1)
+    assert off["reduce-scatter"] == off["all-gather"] == [False] * 2
 
 
 def test_overlap_on_and_off_give_the_same_losses():

@@ -167,6 +167,10 @@ def train_config() -> ml_collections.ConfigDict:
             # padding would be large, e.g. ZAYA1-base on 96+ devices); False = one reduce-scatter after the
             # backward pass, less memory (docs/parallelism.md "Overlap" has the GPU compiles and the A/B)
             overlap_collectives=False,
+            # ZeRO-1 reduce-scatter, update and all-gather chunk by chunk of layers where that pads nothing
+            # (`zero1.owners.update_chunks`), so each chunk's parameter all-gather runs under the later chunks'
+            # Newton–Schulz on a GPU (docs/parallelism.md "Overlap"); False = one of each
+            pipeline_update=True,
             loss_chunk=1024,  # sequence positions per cross-entropy chunk (tied head + log-softmax)
             log_every=10,
             # jax's persistent compilation cache: "" = $JAX_COMPILATION_CACHE_DIR if set, else <workdir>/xla_cache

@@ -153,10 +153,8 @@ def validate_train(config: ml_collections.ConfigDict) -> None:
         _check(isinstance(t[name], int) and t[name] >= low, f"train.{name}={t[name]!r} must be an integer >= {low}")
     _choice("train", "param_sharding", t.param_sharding, choices.PARAM_SHARDINGS)
     _choice("train", "grad_reduce_dtype", t.grad_reduce_dtype, choices.GRAD_REDUCE_DTYPES)
-    _check(
-        isinstance(t.overlap_collectives, bool),
-        f"train.overlap_collectives={t.overlap_collectives!r} must be True or False",
-    )
+    for name in ("overlap_collectives", "pipeline_update"):
+        _check(isinstance(t[name], bool), f"train.{name}={t[name]!r} must be True or False")
     _check(
         not t.overlap_collectives or (t.param_sharding == "zero1" and config.model.remat == "full"),
         "train.overlap_collectives=True reduce-scatters inside the ZeRO-1 step's fused backward pass, which runs with "

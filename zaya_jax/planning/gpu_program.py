@@ -9,8 +9,9 @@
 * attention: cuDNN fused attention calls, and every buffer with two trailing dims equal to the sequence length
   (an `[.., S, S]` score matrix that a fused kernel never materialises);
 * collectives in schedule order: each async `*-start` with what the latency-hiding scheduler put between it and
-  its `*-done` (GEMMs, other fusions), and the synchronous ones (XLA turns a start/done pair with nothing to hide
-  into `is_sync`, or emits the plain op).
+  its `*-done` (GEMMs, other fusions; a loop between counts with the GEMMs of its body, once each, e.g. the
+  ZeRO-1 update's Newton–Schulz beside a layer chunk's all-gather), and the synchronous ones (XLA turns a
+  start/done pair with nothing to hide into `is_sync`, or emits the plain op).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import re
 from collections import Counter
 
 from zaya_jax.planning.hlo_collectives import COLLECTIVES
+from zaya_jax.planning.hlo_stats import callees
 from zaya_jax.planning.hlo_text import CALLS, Instr, call_target, gemm_call, op_name, parse_computations, shape_dims
 
 # op_name scopes (jax.named_scope) of the expert GEMMs (`model.experts.swiglu`, `Kernels.grouped_swiglu`) and of
@@ -43,6 +45,7 @@ class AsyncCollective:
     sync: bool
     gemms_between: int = 0
     fusions_between: int = 0
+    loops_between: int = 0  # while loops (their GEMMs are in gemms_between)
 
 
 @dataclasses.dataclass
@@ -168,8 +171,25 @@ def _schedule(comps: dict[str, list[Instr]], fused: set[str]) -> list[AsyncColle
             sync = '"is_sync":true' in i.attrs.replace(" ", "") or not between
             gemms = sum(1 for j in between if is_gemm(j, comps))
             fusions = sum(1 for j in between if j.opcode in ("fusion", "custom-call")) - gemms
-            out.append(AsyncCollective(kind, i.name, comp, sync, gemms, max(fusions, 0)))
+            loops = [j for j in between if j.opcode == "while"]
+            in_loops = sum(_gemms_inside(j, comps) for j in loops)
+            out.append(AsyncCollective(kind, i.name, comp, sync, gemms + in_loops, max(fusions, 0), len(loops)))
     return out
+
+
+def _gemms_inside(instr: Instr, comps: dict[str, list[Instr]], seen: set | None = None) -> int:
+    """GEMM kernels in the computations a control-flow instruction (while, conditional, call) runs, once each."""
+    seen = set() if seen is None else seen
+    total = 0
+    for comp, _ in callees(instr, comps):
+        if comp in seen:
+            continue
+        seen.add(comp)
+        for j in comps.get(comp, []):
+            total += 1 if is_gemm(j, comps) else 0
+            if j.opcode in ("while", "conditional", "call"):
+                total += _gemms_inside(j, comps, seen)
+    return total
 
 
 _BOOKKEEPING = frozenset({"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy-start", "copy-done"})

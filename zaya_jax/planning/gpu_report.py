@@ -50,12 +50,12 @@ def target_section(r: dict) -> list[str]:
         f"{p['sync']} synchronous",
     ]
     if p["collectives"]:
-        lines += ["", "| collective | computation | async | GEMMs between | other kernels between |"]
+        lines += ["", "| collective | computation | async | GEMMs between (in loops) | other kernels between |"]
         lines += ["|---|---|---|---|---|"]
         for c in p["collectives"]:
             lines.append(
                 f"| {c['kind']} `{c['name']}` | `{c['computation'][:48]}` | {'no' if c['sync'] else 'yes'} | "
-                f"{c['gemms_between']} | {c['fusions_between']} |"
+                f"{c['gemms_between']}{_in_loops(c)} | {c['fusions_between']} |"
             )
     lines += [f"- XLA flags: {' '.join(r.get('flags', ())) or 'none'}"]
     lines += [f"- note: {n}" for n in r.get("notes", [])]
@@ -73,3 +73,9 @@ def write(out_dir: str, results: list[dict], *, command: str, setup: dict) -> li
     with open(paths[1], "w", encoding="utf-8") as f:
         json.dump({"command": command, "setup": setup, "targets": results}, f, indent=2, default=str)
     return paths
+
+
+def _in_loops(c: dict) -> str:
+    """' (in 1 loop)' for a collective with while loops between its start and done (their GEMMs counted once)."""
+    loops = c.get("loops_between", 0)
+    return f" (in {loops} loop{'s' if loops > 1 else ''})" if loops else ""

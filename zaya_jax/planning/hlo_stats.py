@@ -83,6 +83,11 @@ class HloStats:
     # dot FLOPs of one run of each computation that issues a collective, its own: nested `while` loops excluded
     # (what a collective there can overlap with, `zaya_jax.planning.overlap`)
     flops_per_run: dict[str, float] = dataclasses.field(default_factory=dict)
+    # the step's top level (`top_level_cover`): per collective instruction there, the compute instructions
+    # (dots, fusions or loops with dot FLOPs) it neither feeds nor waits for; and their dot FLOPs per step
+    top_cover: dict[str, frozenset[str]] = dataclasses.field(default_factory=dict)
+    top_waits: dict[str, bool] = dataclasses.field(default_factory=dict)  # it waits for one of any cover
+    top_flops: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def collective_bytes(self) -> float:
@@ -112,7 +117,7 @@ def _branches(instr: Instr) -> list[str]:
     return names + re.findall(r"(?:true|false)_computation=%?([\w.\-]+)", instr.attrs)
 
 
-def _callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int | None]]:
+def callees(instr: Instr, comps: dict[str, list[Instr]]) -> list[tuple[str, int | None]]:
     """(callee, multiplier) for computations this instruction runs; None multiplier = unknown trip count."""
     a = instr.attrs
     if instr.opcode == "while":
@@ -231,7 +236,7 @@ def _caller_op_names(comps: dict[str, list[Instr]]) -> dict[str, str]:
     for comp, instrs in comps.items():
         by_name = {i.name: i for i in instrs}
         for instr in instrs:
-            for callee, _ in _callees(instr, comps):
+            for callee, _ in callees(instr, comps):
                 names = [op_name(instr)] + [op_name(by_name[o]) for o in instr.operands if o in by_name]
                 direct.setdefault(callee, next((n for n in names if n), ""))
                 parent.setdefault(callee, comp)
@@ -296,7 +301,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         c
         for instrs in comps.values()
         for i in instrs
-        for c, _ in _callees(i, comps)
+        for c, _ in callees(i, comps)
         if i.opcode not in ("while", "call", "conditional")
     }
     ops: dict[str, CollectiveOp] = {}
@@ -333,7 +338,7 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
             if instr.opcode == "conditional":
                 cost.add(_most_expensive([total(b, stack + (name,)) for b in _branches(instr)], wire), 1, 1)
                 continue
-            for callee, k in _callees(instr, comps):
+            for callee, k in callees(instr, comps):
                 if instr.opcode == "while":
                     if k is None:
                         unknown.add(f"{name}/{instr.name}")
@@ -344,6 +349,17 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         return cost
 
     run = total(entry)
+    top_flops = {}
+    shapes = {i.name: i.shape for i in comps.get(entry, [])}
+    for instr in comps.get(entry, []):
+        f = _dot_flops(instr, shapes) if instr.opcode in ("dot", "convolution") or is_gemm_call(instr) else 0.0
+        if instr.opcode == "conditional":
+            f += max((memo[b].flops for b in _branches(instr) if b in memo), default=0.0)
+        else:
+            f += sum(memo[c].flops * (k or 1) for c, k in callees(instr, comps) if c in memo)
+        if f > 0:
+            top_flops[instr.name] = f
+    cover, waits = top_level_cover(comps.get(entry, []), top_flops)
     coll: dict[str, CollectiveStats] = {}
     for key, runs in run.ops.items():
         op = ops[key]
@@ -363,4 +379,34 @@ def analyze(text: str, num_devices: int, classify: Callable[[str], str] = autodi
         sum(len(v) for v in comps.values()),
         [(ops[key], runs) for key, runs in run.ops.items()],
         {op.computation: memo[op.computation].flops_own for op in ops.values() if op.computation in memo},
+        cover,
+        waits,
+        {n: top_flops[n] for names in cover.values() for n in names},
     )
+
+
+def top_level_cover(instrs: list[Instr], compute: dict[str, float]) -> tuple[dict, dict]:
+    """For each collective among `instrs` (one computation, the step's top level): the `compute` instructions it
+    neither depends on nor feeds — what an accelerator can run while it is in flight (e.g. chunk c's parameter
+    all-gather beside the Newton–Schulz of the other chunks) — and whether it waits for any instruction that
+    covers some collective (then it cannot hide under all of them: one such stays exposed)."""
+    edges: dict[str, dict[str, list[str]]] = {"up": {}, "down": {}}
+    for i in instrs:
+        edges["up"][i.name] = list(i.operands)
+        for o in i.operands:
+            edges["down"].setdefault(o, []).append(i.name)
+
+    def reach(name: str, way: str) -> set[str]:
+        seen, todo = set(), [name]
+        while todo:
+            for o in edges[way].get(todo.pop(), ()):
+                if o not in seen:
+                    seen.add(o)
+                    todo.append(o)
+        return seen
+
+    collectives = [i.name for i in instrs if i.opcode.removesuffix("-start") in COLLECTIVES]
+    ancestors = {c: reach(c, "up") for c in collectives}
+    cover = {c: frozenset(y for y in compute if y not in ancestors[c]) - reach(c, "down") for c in collectives}
+    union = frozenset().union(*cover.values()) if cover else frozenset()
+    return cover, {c: bool(ancestors[c] & union) for c in collectives}

@@ -14,13 +14,20 @@ at a time, with the next iteration's collective pipelined against this one's com
   scheduler pipelines it into the next iteration, e.g. the reduce-scatter of what this iteration's backward
   produced, or the all-gather of what the next iteration's forward needs), so one per loop execution stays
   exposed;
-* a collective issued anywhere else (the step's top level, a conditional's branch) hides nothing: the
-  ZeRO-1 gradient reduce-scatter there waits for the last backward, the parameter all-gather for the update;
+* a collective issued at the step's top level hides under the top level's compute that it neither feeds nor
+  waits for (`hlo_stats.top_level_cover`: dots, fusions and loops with dot FLOPs, at the peak), shared by all
+  such collectives, less the smallest of those that wait for some of that compute (one of them is issued
+  after the last of it): with the pipelined ZeRO-1 update (`train.pipeline_update`), layer chunk c's
+  parameter all-gather runs beside the other chunks' Newton–Schulz, and all but one chunk's can hide. The
+  gradient reduce-scatter hides nothing: everything after it needs the clipping's global norm, everything
+  before it feeds it (GPU compiles of ZAYA1-base at data:8 on H100 and MI300X, docs/parallelism.md);
+* a collective issued anywhere else (a conditional's branch) hides nothing;
 * memory-bound work is not counted as cover (it competes for the same HBM the collectives read), so the
   overlapped step = compute + memory-bound + exposed collectives.
 
 For every body with collectives: per run, its collectives' priced seconds (`cluster.Cluster.collective`) and
-its compute seconds; hidden = min of the two × the body's runs per step × (trips − 1) / trips.
+its compute seconds; hidden = min of the two × the body's runs per step × (trips − 1) / trips. At the top
+level: hidden = min(covered collectives' seconds − the smallest waiting one's, cover seconds).
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ class BodyOverlap:
     collective_s: float  # per run
     compute_s: float  # per run
     kinds: tuple[str, ...]
+    # the top level (`top_level_cover`): seconds of its collectives with independent compute beside them, of
+    # the smallest of those that waits for some of it, and of that compute
+    covered_s: float = 0.0
+    waiting_s: float = 0.0
+    cover_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -50,7 +62,9 @@ class BodyOverlap:
 
     @property
     def hidden_s(self) -> float:
-        if not self.loop or self.trips < 2:
+        if not self.loop:
+            return max(0.0, min(self.covered_s - self.waiting_s, self.cover_s))
+        if self.trips < 2:
             return 0.0
         return self.runs * (self.trips - 1) / self.trips * min(self.collective_s, self.compute_s)
 
@@ -64,22 +78,34 @@ def bodies(stats: HloStats, cluster: Cluster, peak_flops: float) -> list[BodyOve
     per_run: dict[str, float] = {}
     runs: dict[str, float] = {}
     kinds: dict[str, set[str]] = {}
+    covered: dict[str, list[tuple[float, bool]]] = {}  # top level: (seconds, waits) of collectives with cover
     for op, executions in stats.collective_ops:
-        per_run[op.computation] = per_run.get(op.computation, 0.0) + cluster.collective(op).seconds
+        seconds = cluster.collective(op).seconds
+        per_run[op.computation] = per_run.get(op.computation, 0.0) + seconds
         runs[op.computation] = max(runs.get(op.computation, 0.0), executions)
         kinds.setdefault(op.computation, set()).add(op.kind)
-    return [
-        BodyOverlap(
-            comp,
-            comp in stats.trip_counts,
-            stats.trip_counts.get(comp, 1),
-            runs[comp],
-            per_run[comp],
-            stats.flops_per_run.get(comp, 0.0) / peak_flops,
-            tuple(sorted(kinds[comp])),
+        if stats.top_cover.get(op.name):
+            covered.setdefault(op.computation, []).append((executions * seconds, stats.top_waits[op.name]))
+    cover_s = sum(stats.top_flops.values()) / peak_flops
+    out = []
+    for comp in sorted(per_run, key=lambda c: -per_run[c] * runs[c]):
+        top = covered.get(comp, [])
+        waiting = [s for s, waits in top if waits]
+        out.append(
+            BodyOverlap(
+                comp,
+                comp in stats.trip_counts,
+                stats.trip_counts.get(comp, 1),
+                runs[comp],
+                per_run[comp],
+                stats.flops_per_run.get(comp, 0.0) / peak_flops,
+                tuple(sorted(kinds[comp])),
+                sum(s for s, _ in top),
+                min(waiting, default=0.0),
+                cover_s if top else 0.0,
+            )
         )
-        for comp in sorted(per_run, key=lambda c: -per_run[c] * runs[c])
-    ]
+    return out
 
 
 def overlapped(projected: dict, rows: list[BodyOverlap], model_flops: float, peak_flops: float) -> dict:
@@ -101,6 +127,8 @@ def describe() -> list[str]:
     return [
         "a collective issued in a while body hides under at most that body's dot FLOPs per run at the peak "
         "(shared by all its collectives), in (trips - 1) of trips runs (pipelined into the next iteration); "
-        "elsewhere (top level, conditional branches) it hides nothing",
+        "at the top level under the compute it neither feeds nor waits for (e.g. the pipelined update's "
+        "Newton-Schulz beside the other chunks' all-gathers), less the smallest collective that waits for "
+        "some of it; in conditional branches it hides nothing",
         "memory-bound work is no cover; overlapped step = compute + memory-bound + exposed collectives",
     ]

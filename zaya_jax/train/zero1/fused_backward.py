@@ -35,17 +35,18 @@ from flax import nnx
 
 from zaya_jax.keys import path_name
 from zaya_jax.model.layers import BalancingBias
-from zaya_jax.train.zero1.layout import layer_bins
+from zaya_jax.train.zero1.layout import layer_bins, piece_row, sink_pieces
 from zaya_jax.train.zero1.state import Zero1Setup
 
 LAYERS = "layers"  # name of the stacked layer module inside Zaya (parameter paths start with "layers/")
 
 
 class Sinks(NamedTuple):
-    """Per group: slots [s·n, S] fp32 (the group's Muon matrices, owner layout) and {name: [L, ...] fp32} for
+    """Per group: slots [s·n, S] fp32 (the group's Muon matrices, owner layout) as P buffers of [s·n / P, S]
+    (`layout.sink_pieces`: one per layer chunk of the pipelined update, else one) and {name: [L, ...] fp32} for
     the group's elementwise per-layer leaves."""
 
-    slots: tuple[jax.Array, ...]
+    slots: tuple[tuple[jax.Array, ...], ...]
     small: tuple[dict[str, jax.Array], ...]
 
 
@@ -56,7 +57,11 @@ def layer_leaf_names(setup: Zero1Setup) -> tuple[tuple[str, ...], ...]:
 
 def zero_sinks(setup: Zero1Setup, shapes: dict[str, tuple[int, ...]]) -> Sinks:
     """Empty sinks; `shapes`: local shapes of the layer leaves."""
-    slots = tuple(jnp.zeros((g.slots.rows, g.slots.bin_size), jnp.float32) for g in setup.layout.groups)
+    pieces = sink_pieces(setup.layout)
+    slots = tuple(
+        tuple(jnp.zeros((g.slots.rows // pieces, g.slots.bin_size), jnp.float32) for _ in range(pieces))
+        for g in setup.layout.groups
+    )
     small = tuple({n: jnp.zeros(shapes[n], jnp.float32) for n in names} for names in layer_leaf_names(setup))
     return Sinks(slots, small)
 
@@ -69,20 +74,22 @@ def owned_rows(group, slots: jax.Array) -> jax.Array:
 
 
 def scatters(setup: Zero1Setup) -> bool:
-    """Whether the owner layouts have layer chunks, i.e. the step reduce-scatters inside the layer loop."""
-    return any(g.slots.chunks > 1 for g in setup.layout.groups)
+    """Whether the step reduce-scatters the slots' layer chunks inside the layer loop (`Zero1Layout`)."""
+    return setup.layout.scatter_in_backward
 
 
-def _add_layer(setup: Zero1Setup, sinks: Sinks, grads: dict[str, jax.Array], layer: jax.Array) -> Sinks:
-    """sinks += one layer's parameter gradients {full name: [...]} at layer `layer` (in place)."""
-    slots, small = [], []
-    for group, buf, names, acc in zip(setup.layout.groups, sinks.slots, layer_leaf_names(setup), sinks.small):
+def _add_layer(setup: Zero1Setup, sinks: Sinks, grads: dict[str, jax.Array], layer: jax.Array, piece: int) -> Sinks:
+    """sinks += one layer's parameter gradients {full name: [...]} at layer `layer`, which is in slot buffer
+    `piece` (in place)."""
+    slots, small, pieces = [], [], sink_pieces(setup.layout)
+    for group, bufs, names, acc in zip(setup.layout.groups, sinks.slots, layer_leaf_names(setup), sinks.small):
         if group.slots.num_bins:
-            per, size, row = group.slots.bins_per_layer, group.slots.bin_size, group.slots.layer_row(layer)
+            per, size = group.slots.bins_per_layer, group.slots.bin_size
+            row, buf = piece_row(group.slots, layer, piece, pieces), bufs[piece]
             rows = layer_bins(group.slots, grads, jnp.float32)
             old = jax.lax.dynamic_slice(buf, (row, 0), (per, size))
-            buf = jax.lax.dynamic_update_slice(buf, old + rows, (row, 0))
-        slots.append(buf)
+            bufs = bufs[:piece] + (jax.lax.dynamic_update_slice(buf, old + rows, (row, 0)),) + bufs[piece + 1 :]
+        slots.append(bufs)
         small.append(
             {
                 n: jax.lax.dynamic_update_index_in_dim(
@@ -151,19 +158,28 @@ def _stack_bwd(graphdef, layout, setup, scatter, res, cotangents):
     layer = _layer(graphdef, layout, positions)
     num_layers = r_in.shape[0]
 
-    def body(carry, xs):
-        dr, da, sinks = carry
-        index, r, a = xs
-        p, q = _at(params, index), _at(rest, index)
-        _, pull, _ = jax.vjp(lambda p_, r_, a_: layer(p_, q, r_, a_), p, r, a, has_aux=True)
-        dp, dr, da = pull((dr, da))
-        grads = {f"{LAYERS}/{path_name(k)}": g for k, g in jax.tree_util.tree_leaves_with_path(dp)}
-        return (dr, da, _add_layer(setup, sinks, grads, index)), None
+    def into(piece: int):
+        def body(carry, xs):
+            dr, da, sinks = carry
+            index, r, a = xs
+            p, q = _at(params, index), _at(rest, index)
+            _, pull, _ = jax.vjp(lambda p_, r_, a_: layer(p_, q, r_, a_), p, r, a, has_aux=True)
+            dp, dr, da = pull((dr, da))
+            grads = {f"{LAYERS}/{path_name(k)}": g for k, g in jax.tree_util.tree_leaves_with_path(dp)}
+            return (dr, da, _add_layer(setup, sinks, grads, index, piece)), None
 
-    init = (cotangents[0], jnp.zeros_like(a_in[0]), sinks)
-    if scatter is None:
-        (dr, da, sinks), _ = jax.lax.scan(body, init, (jnp.arange(num_layers), r_in, a_in), reverse=True)
+        return body
+
+    carry = (cotangents[0], jnp.zeros_like(a_in[0]), sinks)
+    if scatter is None:  # the layers of slot buffer P - 1 first, then P - 2, ... (`layout.sink_pieces`)
+        pieces = sink_pieces(setup.layout)
+        k = num_layers // pieces
+        for piece in reversed(range(pieces)):
+            xs = (piece * k + jnp.arange(k), *(x[piece * k : (piece + 1) * k] for x in (r_in, a_in)))
+            carry, _ = jax.lax.scan(into(piece), carry, xs, reverse=True)
+        dr, da, sinks = carry
         return None, None, sinks, dr, da, None
+    body, init = into(0), carry
     chunks = max(g.slots.chunks for g in setup.layout.groups)
     k = num_layers // chunks
 
@@ -196,7 +212,7 @@ def _chunk_rows(setup: Zero1Setup, sinks: Sinks, chunk: jax.Array, dtype) -> tup
     """Per group, this device's (un-reduced) sink rows of layer chunk `chunk` in `dtype` ([n·s_c, S]), or None
     for a group without Muon matrices."""
     rows = []
-    for group, buf in zip(setup.layout.groups, sinks.slots):
+    for group, (buf,) in zip(setup.layout.groups, sinks.slots):  # one slot buffer (`layout.sink_pieces`)
         s = group.slots
         at = (chunk * s.chunk_rows, 0)
         rows.append(jax.lax.dynamic_slice(buf, at, (s.chunk_rows, s.bin_size)).astype(dtype) if s.num_bins else None)
@@ -215,10 +231,12 @@ def _scatter(setup: Zero1Setup, rows: tuple) -> tuple:
 def _write_owned(setup: Zero1Setup, sinks: Sinks, parts: tuple, chunk) -> Sinks:
     """sinks with `parts` (`_scatter`) over the first s_c rows of layer chunk `chunk`'s rows (`owned_rows`)."""
     slots = tuple(
-        buf
-        if part is None
-        else jax.lax.dynamic_update_slice(buf, part.astype(buf.dtype), (chunk * g.slots.chunk_rows, 0))
-        for g, buf, part in zip(setup.layout.groups, sinks.slots, parts)
+        (
+            buf
+            if part is None
+            else jax.lax.dynamic_update_slice(buf, part.astype(buf.dtype), (chunk * g.slots.chunk_rows, 0)),
+        )
+        for g, (buf,), part in zip(setup.layout.groups, sinks.slots, parts)
     )
     return Sinks(slots, sinks.small)
 

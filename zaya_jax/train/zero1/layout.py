@@ -32,7 +32,7 @@ from zaya_jax.model.zaya import STACKED_AXIS
 from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
 from zaya_jax.train import optimizer as optimizer_lib
-from zaya_jax.train.zero1.owners import FlatLayout, Matrix, SlotLayout, overlap_chunks
+from zaya_jax.train.zero1.owners import FlatLayout, Matrix, SlotLayout, overlap_chunks, update_chunks
 
 Arrays = dict[str, jax.Array]  # parameter path name → array
 
@@ -59,6 +59,9 @@ class Zero1Layout:
     shapes: dict  # name → global shape
     compute_dtype: Any
     param_dtype: Any
+    # the slots' layer chunks are reduce-scattered inside the last backward pass (`train.overlap_collectives`);
+    # else, with C > 1 chunks, after it chunk by chunk (`layer_chunks`)
+    scatter_in_backward: bool = False
 
     def local_shape(self, name: str, sizes: dict[str, int]) -> tuple[int, ...]:
         return tuple(
@@ -129,22 +132,29 @@ def build_layout(config: ml_collections.ConfigDict, mesh: Mesh, abs_params: Any)
                 FlatLayout.build(flat, n),
             )
         )
-    chunks = layer_chunks(config, groups)
+    chunks, in_backward = layer_chunks(config, groups)
     if chunks > 1:
         groups = [dataclasses.replace(g, slots=_chunked(g.slots, chunks)) for g in groups]
-    return dataclasses.replace(layout, groups=tuple(groups))
+    return dataclasses.replace(layout, groups=tuple(groups), scatter_in_backward=in_backward)
 
 
-def layer_chunks(config: ml_collections.ConfigDict, groups: list[Group]) -> int:
-    """C layer chunks of the owner layouts: > 1 only when the step reduce-scatters inside the backward layer
-    loop (`train.overlap_collectives` with `model.remat=full`, `zaya_jax.train.zero1.fused_backward`) and some chunking
-    costs little padding (`owners.overlap_chunks`)."""
+def layer_chunks(config: ml_collections.ConfigDict, groups: list[Group]) -> tuple[int, bool]:
+    """(C layer chunks of the owner layouts, whether the backward pass reduce-scatters them;
+    `zaya_jax.train.zero1.owners`): with `train.overlap_collectives` (and `model.remat=full`) the chunks the
+    backward layer loop reduce-scatters (`owners.overlap_chunks`) where there are any; else, with
+    `train.pipeline_update`, the chunks the update pipelines after the backward (`owners.update_chunks`, no
+    extra padding); else 1."""
     with_slots = [g.slots for g in groups if g.slots.num_bins]
-    if not (config.train.overlap_collectives and config.model.remat == "full" and with_slots):
-        return 1
-    return overlap_chunks(
-        tuple(s.bins_per_layer for s in with_slots), tuple(s.devices for s in with_slots), with_slots[0].num_layers
+    if not with_slots:
+        return 1, False
+    shape = (
+        tuple(s.bins_per_layer for s in with_slots),
+        tuple(s.devices for s in with_slots),
+        with_slots[0].num_layers,
     )
+    if config.train.overlap_collectives and config.model.remat == "full" and (chunks := overlap_chunks(*shape)) > 1:
+        return chunks, True
+    return (update_chunks(*shape) if config.train.pipeline_update else 1), False
 
 
 def _chunked(slots: SlotLayout, chunks: int) -> SlotLayout:
@@ -176,62 +186,96 @@ def layer_bins(slots: SlotLayout, layer_leaves: Arrays, dtype) -> jax.Array:
     return jnp.stack(rows)
 
 
-def pack_slots(slots: SlotLayout, leaves: Arrays, dtype, acc: jax.Array | None = None) -> jax.Array:
-    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [n·s, S] in `dtype`.
+def pack_slots(
+    slots: SlotLayout, leaves: Arrays, dtype, acc: tuple[jax.Array, ...] | None = None, pieces: int = 1
+) -> tuple[jax.Array, ...]:
+    """Muon matrices of one group (local, stacked [L, ...] leaves) → owner slots [n·s, S] in `dtype`, kept as
+    `pieces` separate buffers of [n·s / P, S] (`sink_pieces`: one per layer chunk, or one).
 
-    Written layer by layer into one buffer (a layer's bins are contiguous rows, from `slots.layer_row`), so
-    nothing bigger than one layer's bins is built on the side; with `acc` [n·s, S] the layer's bins are added
-    to it in place. The result is in the packed (chunk-major) order; `owned_order` gives the owners'."""
+    Written layer by layer (a layer's bins are contiguous rows, `piece_row`), so nothing bigger than one layer's
+    bins is built on the side; with `acc` (the pieces) the layer's bins are added to it in place. The rows are
+    in the packed (chunk-major) order; `owned_order` gives the owners'."""
     if not slots.num_bins:
-        return jnp.zeros((0, 0), dtype)
-    per, size = slots.bins_per_layer, slots.bin_size
-    buf = jnp.zeros((slots.rows, size), dtype) if acc is None else acc
-
+        return (jnp.zeros((0, 0), dtype),)
+    per, size, k = slots.bins_per_layer, slots.bin_size, slots.num_layers // pieces
+    bufs = tuple(jnp.zeros((slots.rows // pieces, size), dtype) for _ in range(pieces)) if acc is None else acc
     names = {seg.matrix.leaf for b in slots.bins for seg in b}
 
-    def layer(l, buf):
-        rows = layer_bins(slots, {n: jax.lax.dynamic_index_in_dim(leaves[n], l, keepdims=False) for n in names}, dtype)
-        if acc is not None:
-            rows = rows + jax.lax.dynamic_slice(buf, (slots.layer_row(l), 0), (per, size))
-        return jax.lax.dynamic_update_slice(buf, rows, (slots.layer_row(l), 0))
+    def into(p):
+        def layer(l, buf):
+            layer_leaves = {n: jax.lax.dynamic_index_in_dim(leaves[n], l, keepdims=False) for n in names}
+            rows, at = layer_bins(slots, layer_leaves, dtype), (piece_row(slots, l, p, pieces), 0)
+            if acc is not None:
+                rows = rows + jax.lax.dynamic_slice(buf, at, (per, size))
+            return jax.lax.dynamic_update_slice(buf, rows, at)
 
-    return jax.lax.fori_loop(0, slots.num_layers, layer, buf)
+        return layer
+
+    return tuple(jax.lax.fori_loop(p * k, (p + 1) * k, into(p), buf) for p, buf in enumerate(bufs))
+
+
+def sink_pieces(layout: Zero1Layout) -> int:
+    """P: separate buffers the step keeps each group's packed slots in. One per layer chunk where the chunks are
+    reduce-scattered after the backward pass (each chunk's scatter then takes a whole buffer: a slice of one
+    buffer would be a copy on a GPU); one where the backward pass scatters them (it indexes the chunk) or
+    without chunks."""
+    chunks = max(g.slots.chunks for g in layout.groups)
+    return 1 if layout.scatter_in_backward else chunks
+
+
+def piece_row(slots: SlotLayout, layer, piece, pieces: int):
+    """First row of layer `layer`'s B bins in piece `piece` of `pieces` (`sink_pieces`; traced ints allowed)."""
+    return slots.layer_row(layer) - piece * (slots.rows // pieces)
 
 
 def unpack_slots(
-    slots: SlotLayout, rows: jax.Array, shapes: dict[str, tuple[int, ...]], into: Arrays | None = None
+    slots: SlotLayout, pieces: tuple[jax.Array, ...], shapes: dict[str, tuple[int, ...]], into: Arrays | None = None
 ) -> Arrays:
-    """Inverse of `pack_slots`: [n·s, S] → {name: [L, ...] local leaf} in the dtype of `rows`, written layer by
-    layer into `into`'s arrays (e.g. the donated previous parameters, updated in place) or into zeros."""
+    """Inverse of `pack_slots`: the packed rows chunk by chunk (C × [n·s_c, S]; one [n·s, S] without chunks) →
+    {name: [L, ...] local leaf} in the dtype of the rows, written chunk by chunk, layer by layer into `into`'s
+    arrays (e.g. the donated previous parameters, updated in place) or into zeros. Chunk c's layers read only
+    chunk c's rows."""
     if not slots.num_bins:
         return {}
-    per, size = slots.bins_per_layer, slots.bin_size
+    per, size, k = slots.bins_per_layer, slots.bin_size, slots.layers_per_chunk
     names = list(dict.fromkeys(seg.matrix.leaf for b in slots.bins for seg in b))
-    out = {n: (into[n].astype(rows.dtype) if into is not None else jnp.zeros(shapes[n], rows.dtype)) for n in names}
+    dtype = pieces[0].dtype
+    out = {n: (into[n].astype(dtype) if into is not None else jnp.zeros(shapes[n], dtype)) for n in names}
 
-    def layer(l, out):
-        bins = jax.lax.dynamic_slice(rows, (slots.layer_row(l), 0), (per, size))
-        parts: dict[str, dict] = {}
-        for i, segments in enumerate(slots.bins):
-            for seg in segments:
-                m = seg.matrix
-                parts.setdefault(m.leaf, {})[(m.index, m.half)] = bins[i, seg.offset : seg.offset + m.size].reshape(
-                    m.rows, m.cols
-                )
-        new = {}
-        for name in names:
-            lead = shapes[name][1:-2]
-            mats = [
-                parts[name][(idx, None)]
-                if (idx, None) in parts[name]
-                else jnp.concatenate([parts[name][(idx, 0)], parts[name][(idx, 1)]], axis=-1)
-                for idx in np.ndindex(*lead)
-            ]
-            layer_value = jnp.stack(mats).reshape(shapes[name][1:])
-            new[name] = jax.lax.dynamic_update_index_in_dim(out[name], layer_value, l, 0)
-        return new
+    def layer(rows, first):
+        def write(l, out):
+            bins = jax.lax.dynamic_slice(rows, ((l - first) * per, 0), (per, size))
+            parts: dict[str, dict] = {}
+            for i, segments in enumerate(slots.bins):
+                for seg in segments:
+                    m = seg.matrix
+                    parts.setdefault(m.leaf, {})[(m.index, m.half)] = bins[i, seg.offset : seg.offset + m.size].reshape(
+                        m.rows, m.cols
+                    )
+            new = {}
+            for name in names:
+                lead = shapes[name][1:-2]
+                mats = [
+                    parts[name][(idx, None)]
+                    if (idx, None) in parts[name]
+                    else jnp.concatenate([parts[name][(idx, 0)], parts[name][(idx, 1)]], axis=-1)
+                    for idx in np.ndindex(*lead)
+                ]
+                layer_value = jnp.stack(mats).reshape(shapes[name][1:])
+                new[name] = jax.lax.dynamic_update_index_in_dim(out[name], layer_value, l, 0)
+            return new
 
-    return jax.lax.fori_loop(0, slots.num_layers, layer, out)
+        return write
+
+    for c, rows in enumerate(pieces):
+        out = jax.lax.fori_loop(c * k, (c + 1) * k, layer(rows, c * k), out)
+    return out
+
+
+def by_chunk(rows: jax.Array, chunks: int) -> tuple[jax.Array, ...]:
+    """Rows chunk-major ([C·r, ...]: packed [C·n·s_c, S] or owned [C·s_c, S]) → C × [r, ...] (`rows` itself
+    for one chunk or none), as `unpack_slots` and the step's collectives take them."""
+    return (rows,) if chunks == 1 or not rows.size else tuple(jnp.split(rows, chunks))
 
 
 def owned_order(slots: SlotLayout, packed: jax.Array) -> jax.Array:
@@ -301,7 +345,7 @@ def pack_global(
     for group in layout.groups:
         shapes = local_shapes(layout, group, sizes)
         split = {n: _split_outer(layout, n, values[n], group) for n in shapes}
-        slots = jax.vmap(lambda v: owned_order(group.slots, pack_slots(group.slots, v, dtype)))(split)
+        slots = jax.vmap(lambda v: owned_order(group.slots, pack_slots(group.slots, v, dtype)[0]))(split)
         flat = jax.vmap(lambda v: pack_flat(group.flat, v, dtype))(split)
         out.append((slots, flat))
     return tuple(out)
@@ -314,7 +358,7 @@ def unpack_global(layout: Zero1Layout, sizes: dict[str, int], packed) -> Arrays:
         shapes = local_shapes(layout, group, sizes)
         parts = jax.vmap(
             lambda s, f: {
-                **unpack_slots(group.slots, packed_order(group.slots, s), shapes),
+                **unpack_slots(group.slots, by_chunk(packed_order(group.slots, s), group.slots.chunks), shapes),
                 **unpack_flat(group.flat, f, shapes),
             }
         )(slots, flat)

@@ -16,6 +16,9 @@ expert parallelism). Those axes form the parameter's *group*; the group's n devi
   The step's *packed* buffer holds the chunks one after the other ([C·n·s_c, S]: layer l's bins at
   `layer_row(l)`); a device's owned rows are its s_c rows of every chunk, chunk by chunk (s = C·s_c).
   `overlap_chunks` picks the most chunks whose padding stays within `OVERLAP_PADDING` of one chunk's.
+  Without that option the layers still split into chunks where that pads nothing (`update_chunks`): the step
+  then reduce-scatters, updates and all-gathers chunk by chunk, so chunk c's all-gather runs under the
+  Newton–Schulz of the chunks after it (`zaya_jax.train.zero1.step`).
   The owner keeps a bin's momentum and fp32 master weights and runs Newton–Schulz on its matrices; nobody
   else touches them. Every device runs the same program: a slot's *type* (its pattern of matrix shapes)
   selects the branch.
@@ -38,6 +41,13 @@ OVERLAP_PADDING = 0.05  # chunked slot rows may exceed the unchunked ones by thi
 # GEMMs sit beside the pending reduce-scatter; longer chunks would make the step's program long for little
 # (the one chunk that hides is 1/C of the rows)
 OVERLAP_CHUNK_LAYERS = 4
+# the most chunks of the pipelined update (`update_chunks`): chunk c's parameter all-gather hides under the
+# Newton–Schulz of later chunks, so all but ~1/C of it can hide; beyond ~8 the last chunk's share is small
+UPDATE_CHUNKS_MAX = 8
+# the fewest slots a device owns per chunk of the pipelined update: a chunk's Newton–Schulz is what the other
+# chunks' all-gathers hide under, and each extra chunk adds a reduce-scatter's and an all-gather's latency
+# (ZAYA1-base on 1024 devices, 1 slot a chunk: 2 chunks hid 0.4 ms and cost 2.5 ms in the planner)
+UPDATE_CHUNK_MIN_SLOTS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,3 +243,28 @@ def overlap_chunks(bins_per_layer: tuple[int, ...], devices: tuple[int, ...], nu
         if all(rows(b, n, chunks) <= (1 + OVERLAP_PADDING) * rows(b, n, 1) for b, n in zip(bins_per_layer, devices)):
             return chunks
     return 1
+
+
+def update_chunks(bins_per_layer: tuple[int, ...], devices: tuple[int, ...], num_layers: int) -> int:
+    """Layer chunks C of the pipelined update (`train.pipeline_update`): among the C ≤ `UPDATE_CHUNKS_MAX`
+    dividing L with at least `UPDATE_CHUNK_MIN_SLOTS` slots a device per chunk, summed over the groups (or
+    C = 1), whose chunked slot rows C·n·ceil(k·B / n) are fewest (summed over groups, given as (B, n) pairs),
+    the most. Never pads more than one chunk does: ZAYA1-base's 40 layers × 50 bins give C = 5 at n = 8 (2000
+    rows, as unchunked, 50 slots a chunk), C = 4 at n = 128 (4 slots a chunk) and C = 1 at n = 96 and 1024.
+    1 on one device (no all-gather to hide)."""
+    if all(n == 1 for n in devices):
+        return 1
+
+    def slots(b: int, n: int, chunks: int) -> int:
+        return -(-(num_layers // chunks) * b // n)
+
+    def rows(chunks: int) -> int:
+        return sum(chunks * n * slots(b, n, chunks) for b, n in zip(bins_per_layer, devices))
+
+    options = [
+        c
+        for c in range(1, min(num_layers, UPDATE_CHUNKS_MAX) + 1)
+        if num_layers % c == 0
+        and (c == 1 or sum(slots(b, n, c) for b, n in zip(bins_per_layer, devices)) >= UPDATE_CHUNK_MIN_SLOTS)
+    ]
+    return min(options, key=lambda c: (rows(c), -c)) if options else 1

@@ -38,6 +38,7 @@ from zaya_jax.parallel import sharding
 from zaya_jax.parallel.mesh import AXES
 from zaya_jax.train import microbatch, schedule
 from zaya_jax.train.microbatch import BATCH_KEYS, Totals, micro_loss
+from zaya_jax.train.optimizer import squared_norm
 from zaya_jax.train.step_metrics import balance_and_metrics
 from zaya_jax.train.step_wrapper import step_on_mesh
 from zaya_jax.train.zero1 import fused_backward
@@ -45,17 +46,23 @@ from zaya_jax.train.zero1 import update as dist
 from zaya_jax.train.zero1.fused_backward import LAYERS
 from zaya_jax.train.zero1.layout import (
     Group,
+    by_chunk,
     fill,
     local_shapes,
     named_leaves,
     pack_flat,
     pack_slots,
+    sink_pieces,
     unpack_flat,
     unpack_slots,
 )
 from zaya_jax.train.zero1.state import GroupState, Zero1Setup, Zero1State
 
-Packed = list[tuple[jax.Array, jax.Array]]  # per group (Muon slots [rows, S], AdamW flat [n·C])
+# per group (Muon slots [rows, S] as P buffers of [rows / P, S], `layout.sink_pieces`; AdamW flat [n·C])
+Packed = list[tuple[tuple[jax.Array, ...], jax.Array]]
+# per group: this device's owned Muon slots chunk by chunk (C × [s_c, S]; one [s, S] without layer chunks) and
+# its owned AdamW elements [C]
+Owned = list[tuple[tuple[jax.Array, ...], jax.Array]]
 
 # ----------------------------------------------------------------------------- 1. local gradients
 
@@ -72,10 +79,10 @@ def local_grads(
 
 def _pack(setup: Zero1Setup, grads: Any, acc: Packed) -> Packed:
     """acc + `grads` (a parameter tree) in the owner layout (fp32, the slots added layer by layer in place)."""
-    leaves = dict(named_leaves(grads))
+    leaves, pieces = dict(named_leaves(grads)), sink_pieces(setup.layout)
     out = []
     for group, (slots, flat) in zip(setup.layout.groups, acc):
-        slots = pack_slots(group.slots, leaves, jnp.float32, slots)
+        slots = pack_slots(group.slots, leaves, jnp.float32, slots, pieces)
         out.append((slots, flat + pack_flat(group.flat, leaves, jnp.float32)))
     return out
 
@@ -93,10 +100,14 @@ def _packed_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1
 
 
 def _empty(setup: Zero1Setup) -> Packed:
-    """Zero fp32 packed buffers per group: slots [n·s, S] and flat [n·C] (sized 0 where the group has none)."""
+    """Zero fp32 packed buffers per group: slots [n·s, S] in P pieces and flat [n·C] (sized 0 where the group has
+    none)."""
+    pieces = sink_pieces(setup.layout)
     return [
         (
-            jnp.zeros((g.slots.rows, g.slots.bin_size) if g.slots.num_bins else (0, 0), jnp.float32),
+            tuple(jnp.zeros((g.slots.rows // pieces, g.slots.bin_size), jnp.float32) for _ in range(pieces))
+            if g.slots.num_bins
+            else (jnp.zeros((0, 0), jnp.float32),),
             jnp.zeros((g.flat.padded if g.flat.size else 0,), jnp.float32),
         )
         for g in setup.layout.groups
@@ -138,73 +149,104 @@ def _fused_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1S
     leaves = dict(named_leaves(other_grads))
     packed = []
     for group, slots, small in zip(setup.layout.groups, sinks.slots, sinks.small):
-        rows = fused_backward.owned_rows(group, slots) if scattered and slots.size else slots
-        packed.append((rows.astype(reduce_dtype), pack_flat(group.flat, {**leaves, **small}, reduce_dtype)))
+        rows = (fused_backward.owned_rows(group, slots[0]),) if scattered and slots[0].size else slots
+        packed.append(
+            (tuple(x.astype(reduce_dtype) for x in rows), pack_flat(group.flat, {**leaves, **small}, reduce_dtype))
+        )
     return packed, totals, scattered
 
 
 # ----------------------------------------------------------------------------- 2. reduce-scatter
 
 
-def reduce_scatter(setup: Zero1Setup, packed: Packed, scattered: bool) -> Packed:
-    """Per group, [n·s, S] (packed order) and [n·C] local partial sums → [s, S] and [C]: the sums over the
-    group's devices of exactly what this device owns. With C layer chunks the slots go chunk by chunk
-    ([C, n·s_c, S] → [C, s_c, S]); slots the backward pass reduce-scattered already stay as they are."""
+def reduce_scatter(setup: Zero1Setup, packed: Packed, scattered: bool) -> tuple[Owned, jax.Array]:
+    """Per group, the packed local partial sums (slots [n·s, S] in P pieces, flat [n·C]) → [s_c, S] per layer
+    chunk and [C]: the sums over the group's devices of exactly what this device owns; and Σ x² over all of
+    them (fp32, for the clipping). One reduce-scatter per slot piece (a layer chunk's [n·s_c, S] → [s_c, S]: a
+    whole buffer, no copy), then the elementwise leaves', in turn: each waits (an optimization barrier) for the
+    previous one and for the squared norm of the one before that (the second also for the elementwise leaves'
+    packing), so XLA's combiner keeps them apart and a GPU computes each piece's norm while the next piece is in
+    flight — with global-norm clipping, nothing else of the update can run before the last scatter. Slots the
+    backward pass reduce-scattered already (`scattered`: [C·s_c, S]) are split into their chunks."""
+    sq, prev = jnp.zeros((), jnp.float32), None  # prev: the latest scatter's result, not yet in sq
+
+    def scatter(x, axes):
+        nonlocal sq, prev
+        if not x.size:
+            return x
+        if prev is not None:
+            x, prev, sq = jax.lax.optimization_barrier((x, prev, sq))
+        y = jax.lax.psum_scatter(x, axes, scatter_dimension=0, tiled=True)
+        if prev is not None:
+            sq = sq + squared_norm(prev)
+        prev = y
+        return y
+
     out = []
     for group, (slots, flat) in zip(setup.layout.groups, packed):
-
-        def rs(x, dim, axes=group.axes):
-            return jax.lax.psum_scatter(x, axes, scatter_dimension=dim, tiled=True) if x.size else x
-
-        out.append((slots if scattered else _by_chunk(group, slots, rs), rs(flat, 0)))
-    return out
-
-
-def _by_chunk(group: Group, slots: jax.Array, fn: Callable) -> jax.Array:
-    """`fn(x, dim)` scatters or gathers dim `dim` of x: on slots [r, S] itself (one chunk), or with C layer
-    chunks on slots viewed as [C, r / C, S] along dim 1 (every chunk's rows split over the devices)."""
-    chunks = group.slots.chunks
-    if chunks == 1 or not slots.size:
-        return fn(slots, 0)
-    return fn(slots.reshape(chunks, -1, slots.shape[-1]), 1).reshape(-1, slots.shape[-1])
+        if scattered:
+            owned = by_chunk(slots[0], group.slots.chunks)
+            sq = sq + squared_norm(owned)
+        else:
+            owned = []
+            for rows in slots:
+                if len(owned) == 1 and flat.size:  # packing the elementwise leaves: beside the first scatter
+                    rows, flat = jax.lax.optimization_barrier((rows, flat))
+                owned.append(scatter(rows, group.axes))
+        out.append((tuple(owned), scatter(flat, group.axes)))
+    return out, sq if prev is None else sq + squared_norm(prev)
 
 
-def _owned_grads(graphdef, state: Zero1State, batch: dict, config, setup: Zero1Setup) -> tuple[Packed, Totals]:
-    """Steps 1–2: this device's owned gradient sums per group ([s, S], [C]) and the global Totals."""
+def _owned_grads(
+    graphdef, state: Zero1State, batch: dict, config, setup: Zero1Setup
+) -> tuple[Owned, jax.Array, Totals]:
+    """Steps 1–2: this device's owned gradient sums per group ([s_c, S] per chunk, [C]), their Σ x², and the
+    global Totals."""
     packed, totals, scattered = local_grads(graphdef, state, batch, config, setup)
-    return reduce_scatter(setup, packed, scattered), jax.lax.psum(totals, AXES)
+    owned, sq = reduce_scatter(setup, packed, scattered)
+    return owned, sq, jax.lax.psum(totals, AXES)
 
 
 # ----------------------------------------------------------------------------- 4. all-gather
 
 
-def all_gather(group: Group, slots: jax.Array, flat: jax.Array, dtype, as_bits: bool = False) -> tuple:
-    """[s, S], [C] owned master weights → [n·s, S] (packed order), [n·C] everyone's, in `dtype`.
+def all_gather(group: Group, slots: tuple[jax.Array, ...], flat: jax.Array, dtype, as_bits: bool = False) -> tuple:
+    """C × [s_c, S], [C] owned master weights → C × [n·s_c, S] (chunk c's rows in packed order), [n·C]
+    everyone's, in `dtype`: one all-gather per chunk, each needing only its own chunk's update (and the previous
+    gather: the flat one's, then chunk c − 1's), so the next chunk's Newton–Schulz can run while it is in flight.
 
     as_bits: 2-byte dtypes travel as uint16 (`Kernels.collectives_as_bits`: XLA:CPU runs bf16 collectives in
     fp32; a gather only moves bits)."""
     bits = jnp.uint16 if as_bits and jnp.dtype(dtype).itemsize == 2 else None
 
-    def ag(x, dim):
+    def ag(x):
         x = x.astype(dtype)
         if not x.size:
             return x
         if bits is None:
-            return jax.lax.all_gather(x, group.axes, axis=dim, tiled=True)
-        y = jax.lax.all_gather(jax.lax.bitcast_convert_type(x, bits), group.axes, axis=dim, tiled=True)
+            return jax.lax.all_gather(x, group.axes, axis=0, tiled=True)
+        y = jax.lax.all_gather(jax.lax.bitcast_convert_type(x, bits), group.axes, axis=0, tiled=True)
         return jax.lax.bitcast_convert_type(y, dtype)
 
-    return _by_chunk(group, slots, ag), ag(flat, 0)
+    # the elementwise leaves first (their update is ready first), then the chunks, each gather waiting for the
+    # previous one: XLA's combiner cannot merge them, and the scheduler meets them in pipeline order
+    gathered = [ag(flat)]
+    for x in slots:
+        if gathered[-1].size and x.size:
+            x, gathered[-1] = jax.lax.optimization_barrier((x, gathered[-1]))
+        gathered.append(ag(x))
+    return tuple(gathered[1:]), gathered[0]
 
 
-def _gathered(setup: Zero1Setup, owned: Packed, dtype, as_bits: bool = False, into: Any = None) -> dict:
-    """Every group's owned (slots [s, S], flat [C]) all-gathered in `dtype` (as uint16 bits where `as_bits`) and
-    unpacked to {name: local leaf}; the slots written layer by layer into `into`'s arrays when given."""
+def _gathered(setup: Zero1Setup, owned: Owned, dtype, as_bits: bool = False, into: Any = None) -> dict:
+    """Every group's owned (C × [s_c, S], flat [C]) all-gathered in `dtype` (as uint16 bits where `as_bits`) and
+    unpacked to {name: local leaf}; the slots written chunk by chunk, layer by layer into `into`'s arrays when
+    given."""
     old, values = (None if into is None else dict(named_leaves(into))), {}
     for group, (slots, flat) in zip(setup.layout.groups, owned):
         shapes = local_shapes(setup.layout, group, setup.sizes)
-        full_slots, full_flat = all_gather(group, slots, flat, dtype, as_bits)
-        values.update(unpack_slots(group.slots, full_slots, shapes, into=old))
+        chunk_rows, full_flat = all_gather(group, slots, flat, dtype, as_bits)
+        values.update(unpack_slots(group.slots, chunk_rows, shapes, into=old))
         values.update(unpack_flat(group.flat, full_flat, shapes))
     return values
 
@@ -225,15 +267,15 @@ def zero1_local_step(
 ):
     """One optimizer step on this device's shard (called inside the shard_map). Returns (state, metrics).
     as_bits: all-gather 2-byte parameters as uint16 (`Kernels.collectives_as_bits`)."""
-    owned, totals = _owned_grads(graphdef, state, batch, config, setup)
+    owned, sq, totals = _owned_grads(graphdef, state, batch, config, setup)
     scale = 1.0 / jnp.maximum(totals.loss.tokens, 1.0)
-    grads = [(slots.astype(jnp.float32) * scale, flat.astype(jnp.float32) * scale) for slots, flat in owned]
     # 3. the owners' update (the [O, rows, …] state arrays arrive as [1, rows, …] inside the shard_map)
     local = [GroupState(*(x[0] for x in g)) for g in state.groups]
     compute = dtype_of(config.model.dtype)
-    groups, grad_norm = dist.update(setup.layout.groups, local, grads, state.count, lrs, config.optimizer, compute)
-    # 4. the updated parameters, written into the (donated) previous ones
-    masters = [(g.master_slots, g.master_flat) for g in groups]
+    groups, masters, grad_norm = dist.update(
+        setup.layout.groups, local, owned, sq, scale, state.count, lrs, config.optimizer, compute
+    )
+    # 4. the updated parameters, chunk by chunk, written into the (donated) previous ones
     params = fill(state.params, _gathered(setup, masters, compute, as_bits, into=state.params))
     lr = None if lr_fn is None else lr_fn(state.step)
     biases, bal_state, metrics = balance_and_metrics(
@@ -277,7 +319,7 @@ def make_zero1_grads(graphdef, setup: Zero1Setup, config: ml_collections.ConfigD
     gradients the ZeRO-1 step hands to its owners, gathered back (for tests and debugging)."""
 
     def local(state, batch):
-        owned, totals = _owned_grads(graphdef, state, batch, config, setup)
+        owned, _, totals = _owned_grads(graphdef, state, batch, config, setup)
         values = _gathered(setup, owned, jnp.float32)
         n = jnp.maximum(totals.loss.tokens, 1.0)
         grads = fill(state.params, {k: v * (1.0 / n) for k, v in values.items()})  # as in step.train_step

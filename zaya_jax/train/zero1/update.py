@@ -3,13 +3,14 @@
 
 It runs between the step's reduce-scatter and all-gather (`zaya_jax.train.zero1.step`). Per group
 (`zaya_jax.train.zero1.layout`), with s owner slots of S elements and C flat elements on each device, given the mean
-gradients of exactly what the device owns ([s, S] and [C], fp32):
+gradients of exactly what the device owns ([s, S] as one [s_c, S] piece per layer chunk, and [C], fp32):
 
 1. global-norm clipping (one scalar all-reduce over every device);
-2. `muon_update`: momentum, then Newton–Schulz per owned matrix — a `lax.scan` over the device's slots whose
-   body `lax.switch`es on the slot's type (its pattern of matrix shapes), so a device orthogonalises only
-   matrices it owns and no collective runs inside Newton–Schulz; `adam_update`: AdamW on the owned elements;
-   both with decoupled weight decay and the group's scheduled learning rate, on fp32 master weights.
+2. `muon_update`: momentum, then Newton–Schulz per owned matrix — per layer chunk a `lax.scan` over the
+   device's slots of that chunk whose body `lax.switch`es on the slot's type (its pattern of matrix shapes), so
+   a device orthogonalises only matrices it owns and no collective runs inside Newton–Schulz;
+   `adam_update`: AdamW on the owned elements; both with decoupled weight decay and the group's scheduled
+   learning rate, on fp32 master weights.
 
 The math mirrors `zaya_jax.train.optimizer.make_optimizer` (optax's update order and bias corrections), which
 tests use as the single-device reference.
@@ -63,28 +64,43 @@ def muon_update(
     slots: SlotLayout,
     types: jax.Array,
     state: GroupState,
-    grads: jax.Array,
+    grads: tuple[jax.Array, ...],
     count: jax.Array,
     lr: jax.Array,
     o: ml_collections.ConfigDict,
     dtype,
-) -> tuple[jax.Array, jax.Array]:
-    """Owned Muon slots: grads [s, S] fp32, types [s] → (new master [s, S], new momentum [s, S])."""
+) -> tuple[tuple[jax.Array, ...], jax.Array]:
+    """Owned Muon slots chunk by chunk of layers: grads [s_c, S] per layer chunk, fp32, types [s] → (new master
+    [s_c, S] per chunk,
+    new momentum [s, S]). Each chunk's Newton–Schulz is a loop of its own, needing only that chunk's gradients,
+    so the step can all-gather chunk c while chunk c + 1's runs (`zaya_jax.train.zero1.step`)."""
+    branches = _slot_branches(slots, o, dtype)
+    which = jnp.where(types == EMPTY, len(branches) - 1, types)
+    masters, moms, start = [], [], 0
+    for g in grads:
+        rows = slice(start, start + g.shape[0])
+        start = rows.stop
+        master, mom = _muon_rows(branches, which[rows], state.master_slots[rows], state.momentum[rows], g, count, lr, o)
+        masters.append(master)
+        moms.append(mom)
+    return tuple(masters), jnp.concatenate(moms) if len(moms) > 1 else moms[0]
+
+
+def _muon_rows(branches, which, master, momentum, grads, count, lr, o) -> tuple[jax.Array, jax.Array]:
+    """Momentum, Newton–Schulz (one `lax.scan` over the rows, `lax.switch` on each row's type) and the decayed
+    step for rows [r, S] of the owned slots: (new master [r, S], new momentum [r, S])."""
     beta = float(o.muon_momentum)
-    mom = (1 - beta) * grads + beta * state.momentum
+    mom = (1 - beta) * grads + beta * momentum
     if o.muon_nesterov:
         m_hat = beta * _bias_correction(mom, beta, count + 1) + (1 - beta) * _bias_correction(grads, beta, count)
     else:
         m_hat = _bias_correction(mom, beta, count)
-    branches = _slot_branches(slots, o, dtype)
-    which = jnp.where(types == EMPTY, len(branches) - 1, types)
 
     def one(_, xs):
         t, m = xs
         return None, jax.lax.switch(t, branches, m)
 
     _, direction = jax.lax.scan(one, None, (which, m_hat))
-    master = state.master_slots
     if o.weight_decay > 0:
         direction = direction + float(o.weight_decay) * master
     return master + (-lr) * direction, mom
@@ -122,28 +138,37 @@ def clip_scale(sq_norm_local: jax.Array, max_norm: float) -> tuple[jax.Array, ja
 def update(
     groups: tuple[Group, ...],
     states: tuple[GroupState, ...],
-    grads: list[tuple[jax.Array, jax.Array]],
+    sums: list[tuple[tuple[jax.Array, ...], jax.Array]],
+    sq_sums: jax.Array,
+    scale: jax.Array,
     count: jax.Array,
     lrs: dict[str, Callable],
     o: ml_collections.ConfigDict,
     dtype,
-) -> tuple[tuple[GroupState, ...], jax.Array]:
-    """Clip, then update every group's owned state. grads: per group (slots [s, S], flat [C]) fp32 means;
-    count: updates so far (the schedules' step). Returns (new local group states, global norm before clipping)."""
-    norm, factor = clip_scale(optimizer_lib.squared_norm(grads), float(o.grad_clip_norm))
+) -> tuple[tuple[GroupState, ...], list[tuple[tuple[jax.Array, ...], jax.Array]], jax.Array]:
+    """Clip, then update every group's owned state. sums: per group (slots [s_c, S] per layer chunk, flat [C]) the
+    owned gradient sums as reduce-scattered, sq_sums: their Σ x² (the step takes it piece by piece beside the
+    scatters); scale: 1 / tokens, which makes them means; count: updates so far (the schedules' step). Returns
+    (new local group states, the new masters per group as ([s_c, S] per chunk, [C]) for the all-gather, global
+    norm of the means before clipping)."""
+    norm, factor = clip_scale(sq_sums * scale * scale, float(o.grad_clip_norm))
+    factor = factor * scale
     new_count = count + 1
     lr_muon, lr_adam = lrs["muon"](count), lrs["adam"](count)
-    out = []
-    for group, state, (g_slots, g_flat) in zip(groups, states, grads):
+    out, masters = [], []
+    for group, state, (g_slots, g_flat) in zip(groups, states, sums):
         index = group_index(group)
-        master_slots, momentum = state.master_slots, state.momentum
+        master_slots, momentum = (state.master_slots,), state.momentum
         if group.slots.num_bins:
             types = jnp.asarray(group.slots.row_types())[index]
-            master_slots, momentum = muon_update(
-                group.slots, types, state, g_slots * factor, new_count, lr_muon, o, dtype
-            )
+            scaled = tuple(g.astype(jnp.float32) * factor for g in g_slots)
+            master_slots, momentum = muon_update(group.slots, types, state, scaled, new_count, lr_muon, o, dtype)
         master_flat, mu, nu = state.master_flat, state.adam_mu, state.adam_nu
         if group.flat.size:
-            master_flat, mu, nu = adam_update(group.flat, index, state, g_flat * factor, new_count, lr_adam, o)
-        out.append(GroupState(master_slots, momentum, master_flat, mu, nu))
-    return tuple(out), norm
+            master_flat, mu, nu = adam_update(
+                group.flat, index, state, g_flat.astype(jnp.float32) * factor, new_count, lr_adam, o
+            )
+        whole = jnp.concatenate(master_slots) if len(master_slots) > 1 else master_slots[0]
+        out.append(GroupState(whole, momentum, master_flat, mu, nu))
+        masters.append((master_slots, master_flat))
+    return tuple(out), masters, norm
