@@ -9,7 +9,9 @@ One step, in the order it runs (one `jax.shard_map` over every mesh axis, per de
    with `model.remat=full` the backward pass itself adds each layer's gradients into the layout
    (`fused_backward.py`);
 2. **reduce-scatter** — the packed gradients to their owners, in `train.grad_reduce_dtype` (`step.py`; with
-   `train.overlap_collectives` chunk by chunk of layers inside the last backward pass, `fused_backward.py`);
+   `train.overlap_collectives` chunk by chunk of layers inside the last backward pass, `fused_backward.py`;
+   else, with `train.pipeline_update`, chunk by chunk after it, so that steps 2–4 pipeline: chunk c's
+   all-gather beside chunk c + 1's Newton–Schulz);
 3. **owners' update** — global-norm clipping, Muon (momentum, Newton–Schulz on each owned matrix) and AdamW on
    the owned fp32 master weights (`update.py`);
 4. **all-gather** — the updated parameters in the compute dtype, written into the previous ones (`step.py`);
@@ -19,7 +21,8 @@ One step, in the order it runs (one `jax.shard_map` over every mesh axis, per de
 Where each part lives:
 
 * `owners.py` — the owner layout itself, static (plain Python / NumPy from shapes): Muon matrices packed into
-  owner *slots*, elementwise leaves into a *flat* vector, layer chunks for the overlapped reduce-scatter;
+  owner *slots*, elementwise leaves into a *flat* vector, layer chunks for the overlapped reduce-scatter and
+  the pipelined update;
 * `layout.py` — that layout for the model of a config on a mesh (`build_layout`: parameter groups by the mesh
   axes they are replicated over) and `pack_*` / `unpack_*` between parameter-shaped trees and the layout;
 * `state.py` — `Zero1State` (what the step carries), its shardings, and its checkpoint form: the canonical
