@@ -23,6 +23,7 @@ from zaya_jax.parallel.mesh import make_mesh
 from zaya_jax.planning.layouts import SPREAD_PER_SEQUENCE, Layout, enumerate_layouts
 from zaya_jax.planning.search import Candidate, PlanCache, estimate, layout_config, plan_key, rank, search
 from zaya_jax.train.setup import prepare_abstract
+from zaya_jax.train.zero1.layout import layer_chunks
 
 GB = 1e9
 
@@ -59,7 +60,8 @@ def candidates_for(
     for layout in layouts:
         cfg = layout_config(base, layout)
         training = _training(cfg, memo)
-        if prune and layout.overlap_collectives and not training.zero1.layout.scatter_in_backward:
+        # the memoised setup is per mesh shape, not per option: the chunks come from this layout's config
+        if prune and layout.overlap_collectives and not layer_chunks(cfg, list(training.zero1.layout.groups))[1]:
             left_out.append(f"{layout.name()}: no layer chunks on this mesh, the same program as without +overlap")
             continue
         estimated = estimate(cfg, training.checkpoint_target.params, layout.devices, hardware, cluster)
