@@ -35,7 +35,7 @@ from flax import nnx
 
 from zaya_jax.keys import path_name
 from zaya_jax.model.layers import BalancingBias
-from zaya_jax.train.zero1.layout import layer_bins, piece_row, sink_pieces
+from zaya_jax.train.zero1.layout import layer_bins, piece_row, sink_pieces, zero_pieces
 from zaya_jax.train.zero1.state import Zero1Setup
 
 LAYERS = "layers"  # name of the stacked layer module inside Zaya (parameter paths start with "layers/")
@@ -58,10 +58,7 @@ def layer_leaf_names(setup: Zero1Setup) -> tuple[tuple[str, ...], ...]:
 def zero_sinks(setup: Zero1Setup, shapes: dict[str, tuple[int, ...]]) -> Sinks:
     """Empty sinks; `shapes`: local shapes of the layer leaves."""
     pieces = sink_pieces(setup.layout)
-    slots = tuple(
-        tuple(jnp.zeros((g.slots.rows // pieces, g.slots.bin_size), jnp.float32) for _ in range(pieces))
-        for g in setup.layout.groups
-    )
+    slots = tuple(zero_pieces(g.slots, pieces, jnp.float32) for g in setup.layout.groups)
     small = tuple({n: jnp.zeros(shapes[n], jnp.float32) for n in names} for names in layer_leaf_names(setup))
     return Sinks(slots, small)
 

@@ -198,7 +198,7 @@ def pack_slots(
     if not slots.num_bins:
         return (jnp.zeros((0, 0), dtype),)
     per, size, k = slots.bins_per_layer, slots.bin_size, slots.num_layers // pieces
-    bufs = tuple(jnp.zeros((slots.rows // pieces, size), dtype) for _ in range(pieces)) if acc is None else acc
+    bufs = zero_pieces(slots, pieces, dtype) if acc is None else acc
     names = {seg.matrix.leaf for b in slots.bins for seg in b}
 
     def into(p):
@@ -212,6 +212,13 @@ def pack_slots(
         return layer
 
     return tuple(jax.lax.fori_loop(p * k, (p + 1) * k, into(p), buf) for p, buf in enumerate(bufs))
+
+
+def zero_pieces(slots: SlotLayout, pieces: int, dtype) -> tuple[jax.Array, ...]:
+    """Zero packed slots [n·s, S] as `pieces` buffers of [n·s / P, S] (one [0, 0] without Muon matrices)."""
+    if not slots.num_bins:
+        return (jnp.zeros((0, 0), dtype),)
+    return tuple(jnp.zeros((slots.rows // pieces, slots.bin_size), dtype) for _ in range(pieces))
 
 
 def sink_pieces(layout: Zero1Layout) -> int:

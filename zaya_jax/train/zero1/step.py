@@ -55,6 +55,7 @@ from zaya_jax.train.zero1.layout import (
     sink_pieces,
     unpack_flat,
     unpack_slots,
+    zero_pieces,
 )
 from zaya_jax.train.zero1.state import GroupState, Zero1Setup, Zero1State
 
@@ -104,12 +105,7 @@ def _empty(setup: Zero1Setup) -> Packed:
     none)."""
     pieces = sink_pieces(setup.layout)
     return [
-        (
-            tuple(jnp.zeros((g.slots.rows // pieces, g.slots.bin_size), jnp.float32) for _ in range(pieces))
-            if g.slots.num_bins
-            else (jnp.zeros((0, 0), jnp.float32),),
-            jnp.zeros((g.flat.padded if g.flat.size else 0,), jnp.float32),
-        )
+        (zero_pieces(g.slots, pieces, jnp.float32), jnp.zeros((g.flat.padded if g.flat.size else 0,), jnp.float32))
         for g in setup.layout.groups
     ]
 

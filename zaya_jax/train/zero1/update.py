@@ -2,8 +2,9 @@
 (arXiv 2511.17127 §2: ZeRO-1 distributed optimizer, distributed Muon; docs/parallelism.md).
 
 It runs between the step's reduce-scatter and all-gather (`zaya_jax.train.zero1.step`). Per group
-(`zaya_jax.train.zero1.layout`), with s owner slots of S elements and C flat elements on each device, given the mean
-gradients of exactly what the device owns ([s, S] as one [s_c, S] piece per layer chunk, and [C], fp32):
+(`zaya_jax.train.zero1.layout`), with s owner slots of S elements and C flat elements on each device, given the
+summed gradients of exactly what the device owns ([s, S] as one [s_c, S] piece per layer chunk, and [C]), their
+Σ x² and 1 / tokens (which makes them means):
 
 1. global-norm clipping (one scalar all-reduce over every device);
 2. `muon_update`: momentum, then Newton–Schulz per owned matrix — per layer chunk a `lax.scan` over the
@@ -71,9 +72,8 @@ def muon_update(
     dtype,
 ) -> tuple[tuple[jax.Array, ...], jax.Array]:
     """Owned Muon slots chunk by chunk of layers: grads [s_c, S] per layer chunk, fp32, types [s] → (new master
-    [s_c, S] per chunk,
-    new momentum [s, S]). Each chunk's Newton–Schulz is a loop of its own, needing only that chunk's gradients,
-    so the step can all-gather chunk c while chunk c + 1's runs (`zaya_jax.train.zero1.step`)."""
+    [s_c, S] per chunk, new momentum [s, S]). Each chunk's Newton–Schulz is a loop of its own, needing only that
+    chunk's gradients, so the step can all-gather chunk c while chunk c + 1's runs (`zaya_jax.train.zero1.step`)."""
     branches = _slot_branches(slots, o, dtype)
     which = jnp.where(types == EMPTY, len(branches) - 1, types)
     masters, moms, start = [], [], 0
@@ -83,7 +83,7 @@ def muon_update(
         master, mom = _muon_rows(branches, which[rows], state.master_slots[rows], state.momentum[rows], g, count, lr, o)
         masters.append(master)
         moms.append(mom)
-    return tuple(masters), jnp.concatenate(moms) if len(moms) > 1 else moms[0]
+    return tuple(masters), jnp.concatenate(moms)
 
 
 def _muon_rows(branches, which, master, momentum, grads, count, lr, o) -> tuple[jax.Array, jax.Array]:
@@ -168,7 +168,6 @@ def update(
             master_flat, mu, nu = adam_update(
                 group.flat, index, state, g_flat.astype(jnp.float32) * factor, new_count, lr_adam, o
             )
-        whole = jnp.concatenate(master_slots) if len(master_slots) > 1 else master_slots[0]
-        out.append(GroupState(whole, momentum, master_flat, mu, nu))
+        out.append(GroupState(jnp.concatenate(master_slots), momentum, master_flat, mu, nu))
         masters.append((master_slots, master_flat))
     return tuple(out), masters, norm
